@@ -1,0 +1,124 @@
+"""Stage 3, collate-check: every batch that training and evaluation will see obeys the dynamic-padding rules.
+
+Builds the DataLoaders with the same code as training (stages.data) and checks every batch of every split,
+then runs one forward pass of the pretrained model. Writes metrics/collate_check.json; any broken rule exits
+non-zero with a message naming the split, the batch and the rule.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from datasets import load_from_disk
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from stages.common import METRICS_DIR, PRETRAINED_DIR, TOKENIZED_DIR, load_params, setup_logging, write_json
+from stages.data import eval_dataloader, is_labeled, make_collator, train_dataloader
+from stages.modeling import load_classifier
+
+log = setup_logging()
+
+
+class CollateError(AssertionError):
+    """A batch breaks a rule; the message names split, batch index and rule."""
+
+
+def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, labeled: bool = True) -> None:
+    """Check one collated batch; ``where`` (e.g. "split=train batch=3") prefixes any error.
+
+    Rules: keys are the tokenizer's model inputs plus ``labels``; every tensor is ``[batch, seq_len]``
+    (``labels``: ``[batch]``); ``seq_len`` is the longest real sequence (dynamic padding); padding is the pad id
+    with attention_mask 0, only at the end; no empty sequence; labels in {0, 1} (-1 for an unlabeled split).
+
+    Raises:
+        CollateError: at the first broken rule.
+    """
+
+    def fail(rule: str, detail: str) -> None:
+        raise CollateError(f"{where} rule={rule}: {detail}")
+
+    expected = set(tokenizer.model_input_names) | {"labels"}
+    if set(batch) != expected:
+        fail("keys", f"got {sorted(batch)}, expected {sorted(expected)}")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    if ids.dim() != 2:
+        fail("shape", f"input_ids has shape {list(ids.shape)}, expected [batch, seq_len]")
+    for key in tokenizer.model_input_names:
+        if batch[key].shape != ids.shape:
+            fail("shape", f"{key} has shape {list(batch[key].shape)}, input_ids {list(ids.shape)}")
+    if batch["labels"].shape != ids.shape[:1]:
+        fail("shape", f"labels has shape {list(batch['labels'].shape)}, expected [{ids.shape[0]}]")
+    lengths = mask.sum(dim=1)
+    if int(lengths.min()) == 0:
+        fail("no-empty-sequence", f"row {int(lengths.argmin())} has no real token")
+    if ids.shape[1] != int(lengths.max()):
+        fail("dynamic-padding", f"seq_len {ids.shape[1]} != longest real sequence {int(lengths.max())}")
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    real = positions < lengths[:, None]  # right padding: real tokens first, then padding
+    if not torch.equal(mask.bool(), real):
+        fail("padding-at-end", "attention_mask is not 1s followed by 0s in every row")
+    if not bool((ids[~real] == tokenizer.pad_token_id).all()):
+        fail("pad-id", f"a padded position holds an id other than pad id {tokenizer.pad_token_id}")
+    allowed = torch.tensor([0, 1] if labeled else [-1])
+    if not bool(torch.isin(batch["labels"], allowed).all()):
+        fail("labels", f"labels {sorted(set(batch['labels'].tolist()))} not all in {allowed.tolist()}")
+
+
+def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, labeled: bool) -> dict:
+    """Check every batch of one split; return first batch shapes, padding fraction, mean/max length."""
+    real_tokens = total_tokens = max_len = batches = 0
+    first_shapes = None
+    for i, batch in enumerate(dataloader):
+        check_batch(batch, tokenizer, f"split={split} batch={i}", labeled)
+        if first_shapes is None:
+            first_shapes = {k: list(v.shape) for k, v in batch.items()}
+        real_tokens += int(batch["attention_mask"].sum())
+        total_tokens += batch["attention_mask"].numel()
+        max_len = max(max_len, batch["input_ids"].shape[1])
+        batches += 1
+    examples = len(dataloader.dataset)
+    return {"batches": batches, "first_batch_shapes": first_shapes,
+            "padding_fraction": round(1 - real_tokens / total_tokens, 4),
+            "mean_length": round(real_tokens / examples, 2), "max_length": max_len}
+
+
+def check_forward(model, batch: dict) -> dict:
+    """One forward pass; the loss must be finite and the logits ``[batch, 2]``.
+
+    Raises:
+        CollateError: naming the rule broken.
+    """
+    with torch.no_grad():
+        out = model(**batch)
+    if tuple(out.logits.shape) != (batch["input_ids"].shape[0], 2):
+        raise CollateError(f"split=train batch=0 rule=forward-logits: logits {list(out.logits.shape)}, expected [batch, 2]")
+    if not torch.isfinite(out.loss):
+        raise CollateError(f"split=train batch=0 rule=forward-loss: loss is {out.loss.item()}")
+    return {"loss": round(out.loss.item(), 4), "logits_shape": list(out.logits.shape)}
+
+
+def main() -> None:
+    params = load_params()
+    tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
+    collator = make_collator(tokenizer)
+    tokenized = load_from_disk(str(TOKENIZED_DIR))
+    loaders = {"train": train_dataloader(tokenized["train"], collator, params.train.batch_size, params.train.seed)}
+    for split in params.evaluate.splits:
+        loaders[split] = eval_dataloader(tokenized[split], collator, params.evaluate.batch_size)
+    report = {}
+    try:
+        for split, loader in loaders.items():
+            report[split] = check_split(loader, tokenizer, split, labeled=is_labeled(tokenized[split]))
+            log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"], 100 * report[split]["padding_fraction"])
+        torch.manual_seed(params.train.seed)
+        report["forward"] = check_forward(load_classifier(PRETRAINED_DIR).eval(), next(iter(loaders["train"])))
+    except CollateError as err:
+        log.error("collate-check failed: %s", err)
+        sys.exit(1)
+    log.info("Forward pass OK: loss %.4f, logits %s", report["forward"]["loss"], report["forward"]["logits_shape"])
+    write_json(METRICS_DIR / "collate_check.json", report)
+
+
+if __name__ == "__main__":
+    main()

