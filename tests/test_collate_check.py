@@ -1,0 +1,67 @@
+"""The collate check passes on dynamic padding and names split, batch and rule on any violation."""
+
+import pytest
+import torch
+from datasets import load_from_disk
+from transformers import DataCollatorWithPadding
+
+from stages.collate_check import CollateError, check_batch, check_forward, check_split
+from stages.data import eval_dataloader, make_collator, train_dataloader
+from stages.modeling import load_classifier
+
+
+@pytest.fixture(scope="module")
+def tokenized(tiny_tokenized):
+    return load_from_disk(str(tiny_tokenized))
+
+
+def test_every_batch_of_every_split_passes(tokenized, tokenizer):
+    collator = make_collator(tokenizer)
+    report = check_split(train_dataloader(tokenized["train"], collator, 8, seed=0), tokenizer, "train", labeled=True)
+    assert report["batches"] == 5
+    assert report["first_batch_shapes"]["labels"] == [8]
+    assert report["first_batch_shapes"]["input_ids"] == report["first_batch_shapes"]["attention_mask"]
+    assert 0 < report["padding_fraction"] < 1
+    report = check_split(eval_dataloader(tokenized["validation"], collator, 8), tokenizer, "validation", labeled=True)
+    assert report["batches"] == 3  # 21 examples: 8 + 8 + 5
+
+
+def _first_batch(tokenized, collator):
+    return next(iter(eval_dataloader(tokenized["validation"], collator, 8)))
+
+
+def test_fixed_length_padding_breaks_the_dynamic_padding_rule(tokenized, tokenizer):
+    batch = _first_batch(tokenized, DataCollatorWithPadding(tokenizer, padding="max_length", max_length=64))
+    with pytest.raises(CollateError, match="split=validation batch=0 rule=dynamic-padding: seq_len 64"):
+        check_batch(batch, tokenizer, "split=validation batch=0")
+
+
+def test_left_padding_breaks_the_padding_at_end_rule(tokenized, tokenizer):
+    batch = _first_batch(tokenized, make_collator(tokenizer))
+    batch = {k: v.flip(dims=[1]) if v.dim() == 2 else v for k, v in batch.items()}
+    with pytest.raises(CollateError, match="rule=padding-at-end"):
+        check_batch(batch, tokenizer, "split=validation batch=0")
+
+
+@pytest.mark.parametrize("mutate,rule", [
+    (lambda b: b.pop("token_type_ids"), "keys"),
+    (lambda b: b.__setitem__("labels", torch.full_like(b["labels"], 2)), "labels"),
+    (lambda b: b["attention_mask"][0].zero_(), "no-empty-sequence"),
+    (lambda b: b["input_ids"][b["attention_mask"] == 0].fill_(7), "pad-id"),
+    (lambda b: b.__setitem__("labels", b["labels"][:-1]), "shape"),
+])
+def test_each_rule_is_named(tokenized, tokenizer, mutate, rule):
+    batch = _first_batch(tokenized, make_collator(tokenizer))
+    assert (batch["attention_mask"] == 0).any()  # the batch has padding to corrupt
+    if rule == "pad-id":
+        batch["input_ids"][batch["attention_mask"] == 0] = 7
+    else:
+        mutate(batch)
+    with pytest.raises(CollateError, match=f"split=validation batch=0 rule={rule}:"):
+        check_batch(batch, tokenizer, "split=validation batch=0")
+
+
+def test_forward_pass_gives_two_logits(tokenized, tokenizer, tiny_checkpoint):
+    batch = _first_batch(tokenized, make_collator(tokenizer))
+    result = check_forward(load_classifier(tiny_checkpoint).eval(), batch)
+    assert result["logits_shape"] == [8, 2]

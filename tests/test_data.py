@@ -1,0 +1,64 @@
+"""Raw-data checks, tokenization and the shared DataLoaders."""
+
+import pytest
+from datasets import DatasetDict
+
+from stages.data import DataError, check_raw, length_stats, tokenize, train_dataloader, make_collator
+
+
+def _replace(raw, split, column, row, value):
+    values = list(raw[split][column])
+    values[row] = value
+    ds = raw[split].remove_columns(column).add_column(column, values)
+    return DatasetDict({**raw, split: ds})
+
+
+def test_tiny_raw_passes(tiny_raw):
+    check_raw(tiny_raw, "tiny")
+
+
+@pytest.mark.parametrize("column,value,message", [
+    ("sentence1", "  ", "split 'validation' row idx=3: empty sentence1"),
+    ("sentence2", None, "split 'validation' row idx=3: empty sentence2"),
+])
+def test_empty_sentences_are_named(tiny_raw, column, value, message):
+    with pytest.raises(DataError, match=message):
+        check_raw(_replace(tiny_raw, "validation", column, 3, value), "tiny")
+
+
+def test_bad_label_missing_column_and_empty_split(tiny_raw):
+    with pytest.raises(DataError, match=r"tiny: split 'train' row idx=5: label 2 not in \[0, 1\]"):
+        check_raw(_replace(tiny_raw, "train", "label", 5, 2), "tiny")
+    with pytest.raises(DataError, match=r"split 'test' lacks column\(s\) \['idx'\]"):
+        check_raw(DatasetDict({**tiny_raw, "test": tiny_raw["test"].remove_columns("idx")}), "tiny")
+    with pytest.raises(DataError, match="split 'test' is empty"):
+        check_raw(DatasetDict({**tiny_raw, "test": tiny_raw["test"].select([])}), "tiny")
+    with pytest.raises(DataError, match=r"missing split\(s\) \['validation'\]"):
+        check_raw(DatasetDict({"train": tiny_raw["train"], "test": tiny_raw["test"]}), "tiny")
+
+
+def test_tokenize_follows_the_course(tiny_raw, tokenizer):
+    tokenized = tokenize(tiny_raw, tokenizer, max_length=128)
+    assert tokenized["train"].column_names == ["labels", "input_ids", "token_type_ids", "attention_mask"]
+    assert tokenized["train"]["labels"] == tiny_raw["train"]["label"]
+    row = tiny_raw["train"][0]
+    expected = tokenizer(row["sentence1"], row["sentence2"], truncation=True)["input_ids"]
+    assert tokenized["train"][0]["input_ids"] == expected
+    # No padding at tokenization time: lengths differ between rows.
+    assert len({len(ids) for ids in tokenized["train"]["input_ids"]}) > 1
+
+
+def test_truncation_and_length_stats(tiny_raw, tokenizer):
+    tokenized = tokenize(tiny_raw, tokenizer, max_length=12)
+    stats = length_stats(tokenized["train"], 12)
+    assert stats["max"] == 12 and stats["truncated"] == stats["examples"] == 40
+    assert stats["min"] <= stats["mean"] <= stats["max"]
+
+
+def test_train_order_depends_on_the_seed_only(tiny_tokenized, tokenizer):
+    from datasets import load_from_disk
+
+    train = load_from_disk(str(tiny_tokenized))["train"]
+    first = lambda seed: next(iter(train_dataloader(train, make_collator(tokenizer), 8, seed)))["input_ids"].tolist()  # noqa: E731
+    assert first(1) == first(1)
+    assert first(1) != first(2)

