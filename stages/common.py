@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ruamel.yaml import YAML, YAMLError
 
 PARAMS_FILE = Path("params.yaml")
 
@@ -23,6 +23,7 @@ PREDICTIONS_DIR = Path("data/predictions")
 PRETRAINED_DIR = Path("models/pretrained")
 FINETUNED_DIR = Path("models/finetuned")
 METRICS_DIR = Path("metrics")
+LIVE_DIR = Path("dvclive")  # DVCLive step/epoch logs and plot data (git-tracked, cache: false in dvc.yaml)
 
 ID2LABEL = {0: "not_equivalent", 1: "equivalent"}
 LABEL2ID = {name: i for i, name in ID2LABEL.items()}
@@ -69,6 +70,7 @@ class TrainParams(_Section):
     scheduler: SCHEDULERS
     warmup_steps: NonNegativeInt
     mixed_precision: Literal["no", "fp16", "bf16"]
+    log_every: PositiveInt  # optimizer steps between DVCLive logs of train loss and learning rate
 
 
 class EvaluateParams(_Section):
@@ -96,10 +98,12 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
     """
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        # YAML 1.2, as DVC reads and writes params.yaml (`dvc exp run -S` writes `no`, `3e-5` unquoted;
+        # PyYAML's YAML 1.1 would read them as False and as a string).
+        raw = YAML(typ="safe", pure=True).load(path.read_text())
     except FileNotFoundError:
         raise ParamsError(f"{path}: not found (run from the repository root)") from None
-    except yaml.YAMLError as err:
+    except YAMLError as err:
         raise ParamsError(f"{path}: not valid YAML: {err}") from None
     try:
         return Params.model_validate(raw if raw is not None else {})
@@ -118,6 +122,25 @@ def setup_logging() -> logging.Logger:
     for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger("stages")
+
+
+def open_live(directory: str | Path):
+    """A DVCLive logger that only writes files under ``directory``: no dvc.yaml, no report, no experiment commit.
+
+    Inside a DVC stage, dvc.yaml declares the plots and `dvc exp run` saves the experiment; DVCLive must not do
+    either (https://dvc.org/doc/dvclive/how-it-works). Call ``.end()`` (or use it as a context manager) to write
+    its summary.
+    """
+    from dvclive import Live
+
+    return Live(dir=str(directory), dvcyaml=None, save_dvc_exp=False, report=None)
+
+
+def peak_memory_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux ``ru_maxrss`` is in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def write_json(path: str | Path, obj: Any) -> None:

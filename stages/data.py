@@ -82,7 +82,9 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
     def encode(batch):
         return tokenizer(batch["sentence1"], batch["sentence2"], truncation=True, max_length=max_length)
 
-    tokenized = raw.map(encode, batched=True, remove_columns=["sentence1", "sentence2", "idx"], desc="Tokenizing")
+    # keep_in_memory: no cache file is written into the input folder (a DVC output of the download stage).
+    tokenized = raw.map(encode, batched=True, remove_columns=["sentence1", "sentence2", "idx"], keep_in_memory=True,
+                        desc="Tokenizing")
     return tokenized.rename_column("label", "labels")
 
 

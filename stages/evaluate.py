@@ -1,7 +1,9 @@
 """Stage 5, evaluate: accuracy and F1 of the fine-tuned model on validation, and on test when it has labels.
 
-Writes metrics/eval.json ``{"validation": {"accuracy", "f1", "loss", "examples"}, "test": {...}}`` and
-data/predictions/<split>.csv (idx, sentence1, sentence2, label, prediction, probability of "equivalent").
+Writes metrics/eval.json ``{"validation": {"accuracy", "f1", "loss", "examples"}, "test": {...}}``,
+data/predictions/<split>.csv (idx, sentence1, sentence2, label, prediction, probability of "equivalent") and,
+per labeled split, DVCLive's confusion matrix, precision-recall and ROC data under
+dvclive/evaluate/plots/sklearn/<split>/.
 """
 
 from __future__ import annotations
@@ -12,15 +14,32 @@ from accelerate import Accelerator
 from datasets import load_from_disk
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from stages.common import FINETUNED_DIR, METRICS_DIR, PREDICTIONS_DIR, RAW_DIR, TOKENIZED_DIR, EvaluateParams, atomic_dir, load_params, setup_logging, write_json
+from stages.common import (FINETUNED_DIR, LIVE_DIR, METRICS_DIR, PREDICTIONS_DIR, RAW_DIR, TOKENIZED_DIR, EvaluateParams,
+                           atomic_dir, load_params, open_live, setup_logging, write_json)
 from stages.data import eval_dataloader, is_labeled, make_collator
 from stages.modeling import evaluate_split, load_metric
 
 log = setup_logging()
 
 
-def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_dir: Path, predictions_dir: Path) -> dict:
+def log_plots(live, split: str, labels, predictions, probabilities) -> None:
+    """Confusion matrix, precision-recall and ROC curves of one split, with DVCLive's ``log_sklearn_plot``.
+
+    ``labels`` and ``predictions`` are 0/1 arrays ``[examples]``; ``probabilities`` is P(equivalent) ``[examples]``.
+    Files land in ``<live dir>/plots/sklearn/<split>/{confusion_matrix,precision_recall,roc}.json``; dvc.yaml
+    declares how they are drawn.
+    """
+    live.log_sklearn_plot("confusion_matrix", labels, predictions, name=f"{split}/confusion_matrix.json")
+    live.log_sklearn_plot("precision_recall", labels, probabilities, name=f"{split}/precision_recall.json",
+                          drop_intermediate=True)
+    live.log_sklearn_plot("roc", labels, probabilities, name=f"{split}/roc.json", drop_intermediate=True)
+
+
+def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_dir: Path, predictions_dir: Path,
+                   live_dir: Path | None = None) -> dict:
     """Evaluate ``model_dir`` on ``p.splits``; write one predictions CSV per split into ``predictions_dir``.
+
+    With ``live_dir``, each labeled split's confusion matrix, PR and ROC data are logged there (``log_plots``).
 
     Returns:
         ``{split: {"accuracy", "f1", "loss", "examples"}}`` for each labeled split (an unlabeled split only
@@ -32,6 +51,7 @@ def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_
     tokenized, raw = load_from_disk(str(tokenized_dir)), load_from_disk(str(raw_dir))
     collator = make_collator(tokenizer)
     results = {}
+    live = open_live(live_dir) if live_dir is not None else None
     with atomic_dir(predictions_dir) as tmp:
         for split in p.splits:
             labeled = is_labeled(tokenized[split])
@@ -43,13 +63,18 @@ def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_
             table["probability"] = probability.numpy().round(5)
             table.to_csv(tmp / f"{split}.csv", index=False)
             results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(table)}
+            if live is not None and labeled:
+                log_plots(live, split, table["label"].to_numpy(), table["prediction"].to_numpy(),
+                          probability.double().numpy())
             log.info("%s: %s", split, results[split] if labeled else "no labels, predictions only")
+    if live is not None:
+        live.end()
     return results
 
 
 def main() -> None:
     params = load_params().evaluate
-    results = evaluate_model(params, FINETUNED_DIR, TOKENIZED_DIR, RAW_DIR, PREDICTIONS_DIR)
+    results = evaluate_model(params, FINETUNED_DIR, TOKENIZED_DIR, RAW_DIR, PREDICTIONS_DIR, LIVE_DIR / "evaluate")
     write_json(METRICS_DIR / "eval.json", results)
 
 

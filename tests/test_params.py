@@ -71,8 +71,11 @@ def test_missing_and_malformed_files(tmp_path):
         load_params(tmp_path / "bad.yaml")
 
 
-def test_exponent_without_dot_is_a_learning_rate(tmp_path):
-    # YAML 1.1 reads 3e-5 as a string; `dvc exp run -S train.lr=3e-5` may write it that way.
+def test_params_written_by_dvc_exp_run_are_read_as_yaml_1_2(tmp_path):
+    # `dvc exp run -S train.lr=3e-5 -S train.mixed_precision=no` writes both unquoted (ruamel.yaml, YAML 1.2);
+    # YAML 1.1 would read a string and the boolean False.
     path = tmp_path / "params.yaml"
-    path.write_text((REPO / "params.yaml").read_text().replace("lr: 5.0e-5", "lr: 3e-5"))
-    assert load_params(path).train.lr == 3e-5
+    text = (REPO / "params.yaml").read_text().replace("lr: 5.0e-5", "lr: 3e-5")
+    path.write_text(text.replace("mixed_precision: 'no'", "mixed_precision: no"))
+    params = load_params(path)
+    assert (params.train.lr, params.train.mixed_precision) == (3e-5, "no")

@@ -15,7 +15,7 @@ from stages.modeling import load_metric
 from stages.train import train
 
 TINY_TRAIN = TrainParams(seed=7, epochs=2, max_steps=None, batch_size=8, lr=1e-3, weight_decay=0.01,
-                         scheduler="linear", warmup_steps=2, mixed_precision="no")
+                         scheduler="linear", warmup_steps=2, mixed_precision="no", log_every=2)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_finetuned_model_loads_with_labels_and_pipeline(finetuned):
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert model.config.id2label == {0: "not_equivalent", 1: "equivalent"}
     classify = pipeline("text-classification", model=str(out))
-    [result] = classify({"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected by the court."})
+    [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected by the court."}])
     assert result["label"] in {"not_equivalent", "equivalent"} and 0 <= result["score"] <= 1
 
 
