@@ -111,5 +111,9 @@ def train_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size:
 
 
 def eval_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int) -> DataLoader:
-    """Evaluation batches in dataset order (so predictions line up with the raw rows)."""
-    return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator)
+    """Evaluation batches in dataset order (so predictions line up with the raw rows).
+
+    The loader has its own generator: without one, every ``iter(loader)`` draws a seed from torch's global
+    RNG, so validating between epochs would change the dropout masks of the epochs after it.
+    """
+    return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator, generator=torch.Generator())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,6 +49,16 @@ class Source:
         return {**record, "files": sha256_tree(Path(self.path))}
 
 
+def project_path(path: str) -> Path:
+    """A path from params.yaml: absolute as is, relative to the project root otherwise.
+
+    The project root is ``$DVC_ROOT``, which DVC sets for every stage it runs; for a queued experiment
+    (run in a temporary copy under .dvc/tmp/exps) it is the original repository, so ``../shared/...``
+    still points beside it. Outside DVC, the current folder.
+    """
+    return Path(os.environ.get("DVC_ROOT", ".")) / path
+
+
 def sha256_tree(folder: Path) -> dict[str, str]:
     """sha256 hex digest of every file under ``folder``, keyed by POSIX path relative to it, sorted."""
     digests = {}
@@ -73,24 +84,24 @@ def _hub_snapshot(repo_id: str, repo_type: str, allow_patterns: list[str]) -> So
 def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source:
     """Find the dataset repo ``dataset`` (Hub id or local folder) and return a folder to ``load_dataset`` from.
 
-    A local folder is used as it is. A Hub id is downloaded (only the ``config`` files); when the Hub can't
+    A local folder (relative paths: see ``project_path``) is used as it is. A Hub id is downloaded (only the ``config`` files); when the Hub can't
     be reached, ``local_copy`` (a folder laid out like the Hub repo) is used instead and a warning says so.
 
     Raises:
         SourceError: neither the Hub nor ``local_copy`` has it; the message names both.
     """
-    if Path(dataset).is_dir():
+    if project_path(dataset).is_dir():
         log.info("Dataset: local folder %s", dataset)
-        return Source(requested=dataset, kind="local", location=dataset, path=str(Path(dataset).resolve()))
+        return Source(requested=dataset, kind="local", location=dataset, path=str(project_path(dataset).resolve()))
     source = _hub_snapshot(dataset, "dataset", [f"{config}/*", "README.md"])
     if source:
         log.info("Dataset: Hub %s at revision %s", dataset, source.revision)
         return source
-    if local_copy and Path(local_copy).is_dir():
+    if local_copy and project_path(local_copy).is_dir():
         log.warning("=" * 70)
         log.warning("Dataset: Hub unreachable, using the LOCAL COPY %s instead of %s", local_copy, dataset)
         log.warning("=" * 70)
-        return Source(requested=dataset, kind="local", location=local_copy, path=str(Path(local_copy).resolve()))
+        return Source(requested=dataset, kind="local", location=local_copy, path=str(project_path(local_copy).resolve()))
     raise SourceError(
         f"dataset {dataset!r} (params.yaml data.dataset) is neither a local folder nor reachable on the Hub, "
         f"and the local copy {local_copy!r} (params.yaml data.local_copy) is not a folder"
@@ -107,9 +118,10 @@ def resolve_checkpoint(checkpoint: str) -> Source:
     Raises:
         SourceError: no source has it; the message names each place tried.
     """
-    if Path(checkpoint).is_dir():
+    if project_path(checkpoint).is_dir():
         log.info("Checkpoint: local folder %s", checkpoint)
-        return Source(requested=checkpoint, kind="local", location=checkpoint, path=str(Path(checkpoint).resolve()))
+        return Source(requested=checkpoint, kind="local", location=checkpoint,
+                      path=str(project_path(checkpoint).resolve()))
     source = _hub_snapshot(checkpoint, "model", CHECKPOINT_PATTERNS)
     if source:
         log.info("Checkpoint: Hub %s at revision %s", checkpoint, source.revision)

@@ -1,6 +1,7 @@
 """Raw-data checks, tokenization and the shared DataLoaders."""
 
 import pytest
+import torch
 from datasets import DatasetDict
 
 from stages.data import DataError, check_raw, length_stats, tokenize, train_dataloader, make_collator
@@ -62,3 +63,16 @@ def test_train_order_depends_on_the_seed_only(tiny_tokenized, tokenizer):
     first = lambda seed: next(iter(train_dataloader(train, make_collator(tokenizer), 8, seed)))["input_ids"].tolist()  # noqa: E731
     assert first(1) == first(1)
     assert first(1) != first(2)
+
+
+def test_evaluation_batches_leave_the_global_rng_alone(tiny_tokenized, tokenizer):
+    # Validation between epochs must not shift the dropout masks of the following epochs.
+    from datasets import load_from_disk
+
+    from stages.data import eval_dataloader
+
+    loader = eval_dataloader(load_from_disk(str(tiny_tokenized))["validation"], make_collator(tokenizer), 8)
+    state = torch.get_rng_state()
+    for _ in range(2):
+        list(loader)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -45,7 +45,7 @@ def project(tmp_path_factory, hub_layout_dataset, tiny_checkpoint):
     params["data"].update(dataset=str(hub_layout_dataset), local_copy=None)
     params["model"]["checkpoint"] = str(tiny_checkpoint)
     params["tokenize"]["max_length"] = 128
-    params["train"].update(max_steps=3, epochs=1, lr=1e-3)
+    params["train"].update(max_steps=3, epochs=1, lr=1e-3, log_every=2)
     params["evaluate"]["batch_size"] = 8
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
@@ -62,9 +62,25 @@ def dvc(root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return run([str(Path(sys.executable).parent / "dvc"), *args], root, env)
 
 
-def test_repro_exp_run_and_exp_show(project):
-    root, env = project
+def exp_show(root: Path, env: dict) -> dict[str, dict]:
+    """``dvc exp show --json`` as {experiment name or rev: its data} for every commit and experiment with metrics."""
+    runs = {}
+    for commit in json.loads(dvc(root, env, "exp", "show", "--json").stdout):
+        entries = [commit] + [rev for group in commit.get("experiments") or [] for rev in group["revs"]]
+        for entry in entries:
+            if entry["data"] and entry["data"].get("metrics"):
+                runs[entry.get("name") or entry["rev"]] = entry["data"]
+    return runs
 
+
+def lr_of(data: dict) -> float:
+    return float(data["params"]["params.yaml"]["data"]["train"]["lr"])
+
+
+# The tests below run in order on one project: repro, then experiments, then a second commit and the report.
+
+def test_repro_runs_every_stage_then_nothing(project):
+    root, env = project
     out = dvc(root, env, "repro")
     for stage in ("download", "tokenize", "collate-check", "train", "evaluate"):
         assert f"Running stage '{stage}'" in out.stdout
@@ -74,39 +90,86 @@ def test_repro_exp_run_and_exp_show(project):
     metrics = json.loads((root / "metrics/eval.json").read_text())
     assert set(metrics) == {"validation", "test"}
     assert 0 <= metrics["validation"]["accuracy"] <= 1 and 0 <= metrics["validation"]["f1"] <= 1
-    assert json.loads((root / "metrics/train.json").read_text())["steps"] == 3
+    train = json.loads((root / "metrics/train.json").read_text())
+    assert train["steps"] == 3 and train["parameters"] > 0 and train["peak_memory_mb"] > 0 and train["wall_seconds"] > 0
     provenance = json.loads((root / "metrics/provenance.json").read_text())
     assert provenance["dataset"]["kind"] == "local" and provenance["dataset"]["splits"]["train"]["rows"] == 40
-    # DVC outputs are git-ignored; metrics are not.
+    # DVC outputs are git-ignored; metrics and DVCLive plot data are not.
     ignored = run(["git", "status", "--porcelain", "--ignored"], root, env).stdout
     assert "!! data/raw" in ignored and "!! models/finetuned" in ignored
-    assert "metrics/" in run(["git", "status", "--porcelain"], root, env).stdout
+    untracked = run(["git", "status", "--porcelain", "-uall"], root, env).stdout
+    assert "metrics/eval.json" in untracked and "dvclive/train/steps/plots/metrics/train/loss.tsv" in untracked
 
     # Nothing changed: status is clean and a second repro runs no stage.
     assert "up to date" in dvc(root, env, "status").stdout
-    again = dvc(root, env, "repro")
-    assert "Running stage" not in again.stdout
-
+    assert "Running stage" not in dvc(root, env, "repro").stdout
     run(["git", "add", "-A"], root, env)
     run(["git", "commit", "-qm", "baseline run"], root, env)
 
+
+def test_dvclive_logs_one_row_per_logged_step_and_epoch(project):
+    root, _ = project
+    steps = (root / "dvclive/train/steps/plots/metrics/train/loss.tsv").read_text().splitlines()
+    assert steps[0].split("\t")[-2:] == ["step", "loss"]
+    assert [int(line.split("\t")[-2]) for line in steps[1:]] == [2, 3]  # log_every 2, and the last of 3 steps
+    epochs = (root / "dvclive/train/epochs/plots/metrics/validation/f1.tsv").read_text().splitlines()
+    assert len(epochs) == 2  # header + 1 epoch
+    for split in ("validation", "test"):
+        for plot in ("confusion_matrix", "precision_recall", "roc"):
+            assert json.loads((root / f"dvclive/evaluate/plots/sklearn/{split}/{plot}.json").read_text())
+    # No dvc.yaml inside a stage's outputs: dvc.yaml at the root is the only one.
+    assert not list((root / "dvclive").rglob("dvc.yaml"))
+
+
+def test_plots_show_renders_every_declared_plot(project):
+    root, env = project
+    dvc(root, env, "plots", "show")
+    html = (root / "dvc_plots/index.html").read_text()
+    declared = [next(iter(p)) for p in yaml.safe_load((root / "dvc.yaml").read_text())["plots"]]
+    assert len(declared) >= 8
+    for plot_id in declared:
+        assert plot_id in html, plot_id
+    shutil.rmtree(root / "dvc_plots")
+
+
+def test_exp_run_and_a_queued_sweep_show_in_exp_show(project):
+    root, env = project
     # Changing train.lr reruns train and evaluate only.
     exp = dvc(root, env, "exp", "run", "-S", "train.lr=3e-4", "--name", "lr-3e-4")
     assert "Running stage 'train'" in exp.stdout and "Running stage 'evaluate'" in exp.stdout
     assert "Running stage 'tokenize'" not in exp.stdout and "Running stage 'download'" not in exp.stdout
+    dvc(root, env, "exp", "run", "-S", "train.warmup_steps=1", "-S", "train.mixed_precision=no", "--name", "warmup-1")
+    dvc(root, env, "exp", "run", "--queue", "-S", "train.lr=1e-4,2e-4")
+    dvc(root, env, "exp", "run", "--run-all")
 
-    shown = json.loads(dvc(root, env, "exp", "show", "--json").stdout)
-    runs = {}
-    for commit in shown:
-        runs[commit.get("name") or commit["rev"]] = commit["data"]
-        for exp_group in commit.get("experiments") or []:
-            for rev in exp_group["revs"]:
-                runs[rev.get("name") or rev["rev"]] = rev["data"]
-    assert "lr-3e-4" in runs
-    lrs = set()
-    for data in runs.values():
-        if not data or not data.get("metrics"):
-            continue  # the workspace entry after `exp run` mirrors the experiment
-        lrs.add(data["params"]["params.yaml"]["data"]["train"]["lr"])
-        assert "validation" in data["metrics"]["metrics/eval.json"]["data"]
-    assert {1e-3, 3e-4} <= {float(lr) for lr in lrs}
+    runs = exp_show(root, env)
+    assert {"lr-3e-4", "warmup-1"} <= set(runs)
+    assert {1e-3, 3e-4, 2e-4, 1e-4} <= {lr_of(data) for data in runs.values()}
+    for name, data in runs.items():
+        assert set(data["metrics"]) >= {"metrics/eval.json", "metrics/train.json"}, name
+        assert "f1" in data["metrics"]["metrics/eval.json"]["data"]["validation"], name
+        assert list(data["params"]) == ["params.yaml"], name  # DVCLive's own params.yaml is not a second column set
+    run(["git", "checkout", "--", "."], root, env)
+    dvc(root, env, "checkout")
+
+
+def test_report_compares_two_commits(project, tmp_path):
+    root, env = project
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["lr"] = 5e-4
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    dvc(root, env, "repro")
+    run(["git", "add", "-A"], root, env)
+    run(["git", "commit", "-qm", "lr 5e-4"], root, env)
+
+    run([sys.executable, "-m", "stages.report", "--base", "HEAD~1", "--rev", "HEAD", "--out", str(tmp_path)], root, env)
+    report = (tmp_path / "report.md").read_text()
+    assert "| params.yaml | train.lr | 0.001" in report and "0.0005" in report
+    assert "| metrics/eval.json  | validation.loss" in report and "Change" in report
+    for plot_id in ("train_loss_by_step", "validation_confusion_matrix"):
+        image = tmp_path / "plots" / f"{plot_id}.png"
+        assert f"](plots/{plot_id}.png)" in report and image.read_bytes()[:4] == b"\x89PNG"
+
+    failed = subprocess.run([sys.executable, "-m", "stages.report", "--base", "no-such-rev", "--out", str(tmp_path)],
+                            cwd=root, env=env, capture_output=True, text=True)
+    assert failed.returncode == 1 and "unknown Git revision 'no-such-rev'" in failed.stderr

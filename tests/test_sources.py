@@ -75,3 +75,14 @@ def test_download_stage_writes_raw_data_and_provenance(hub_layout_dataset, tiny_
     assert (tmp_path / "pretrained" / "model.safetensors").exists()
     json.dumps(record)  # provenance is JSON-able
     assert not list(tmp_path.glob(".*.tmp"))  # no half-written folders left behind
+
+
+def test_relative_local_copy_is_found_from_dvc_root(hub_layout_dataset, hub_down, monkeypatch, tmp_path):
+    # A queued `dvc exp run` works in a temp copy under .dvc/tmp/exps; DVC_ROOT names the original repo.
+    repo = hub_layout_dataset.parent / "project"
+    repo.mkdir(exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DVC_ROOT", str(repo))
+    source = resolve_dataset("nyu-mll/glue", "mrpc", f"../{hub_layout_dataset.name}")
+    assert (source.kind, source.location) == ("local", f"../{hub_layout_dataset.name}")
+    assert source.path == str(hub_layout_dataset.resolve())

@@ -1,0 +1,102 @@
+"""A Markdown report comparing a run with a base revision: params diff, metrics diff and the key plots as PNG.
+
+Not a pipeline stage: a command for pull requests and reviews, e.g.
+
+    python -m stages.report                          # the workspace against main
+    python -m stages.report --rev lr-3e-5 --base main  # an experiment (by name), a branch or a commit
+
+It writes ``<out>/report.md`` and ``<out>/plots/<plot id>.png``. The tables come from ``dvc params diff --md``
+and ``dvc metrics diff --md``; the plots from ``dvc plots diff --json`` (the Vega-Lite specs that
+``dvc plots show`` draws, data included), rendered to PNG with vl-convert (no browser needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import vl_convert
+
+from stages.common import setup_logging
+
+log = setup_logging()
+
+WORKSPACE = "workspace"
+# Plot ids of dvc.yaml shown in the report, in order.
+KEY_PLOTS = ["train_loss_by_step", "validation_accuracy_f1_by_epoch", "validation_confusion_matrix"]
+
+
+class ReportError(RuntimeError):
+    """A dvc command failed (e.g. an unknown revision); the message holds the command and DVC's error."""
+
+
+def dvc(*args: str) -> str:
+    """Run ``dvc <args>`` with this interpreter's DVC and return its stdout.
+
+    Raises:
+        ReportError: with the command and DVC's error output.
+    """
+    result = subprocess.run([sys.executable, "-m", "dvc", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ReportError(f"dvc {' '.join(args)} failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def render_plots(revs: list[str], out_dir: Path, plot_ids: list[str]) -> dict[str, Path]:
+    """Render ``plot_ids`` of ``dvc plots diff <revs>`` to ``out_dir/<id>.png``; return {id: path} of those found."""
+    specs = json.loads(dvc("plots", "diff", *revs, "--json"))["data"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = {}
+    for plot_id in plot_ids:
+        if not specs.get(plot_id):
+            log.warning("Plot %s: no data in %s, left out", plot_id, " or ".join(revs))
+            continue
+        path = out_dir / f"{plot_id}.png"
+        path.write_bytes(vl_convert.vegalite_to_png(specs[plot_id][0]["content"], scale=1.5))
+        images[plot_id] = path
+    return images
+
+
+def write_report(base: str = "main", rev: str = WORKSPACE, out_dir: Path = Path("report")) -> Path:
+    """Write ``out_dir/report.md`` comparing ``rev`` (workspace, git revision or experiment name) with ``base``.
+
+    Returns:
+        The Markdown file's path.
+
+    Raises:
+        ReportError: a dvc command failed, e.g. on a revision that is neither in git nor an experiment.
+    """
+    revs = [base] + ([] if rev == WORKSPACE else [rev])  # DVC resolves branches, commits and experiment names
+    params = dvc("params", "diff", *revs, "--md").strip() or "No params changed."
+    metrics = dvc("metrics", "diff", *revs, "--md", "--precision", "4").strip() or "No metrics changed."
+    images = render_plots(revs, out_dir / "plots", KEY_PLOTS)
+
+    lines = [f"# MRPC fine-tuning: `{rev}` compared with `{base}`", "",
+             "## Params", "", params, "", "## Metrics", "", metrics, "", "## Plots", ""]
+    for plot_id, path in images.items():
+        lines += [f"### {plot_id.replace('_', ' ').capitalize()}", "", f"![{plot_id}]({path.relative_to(out_dir)})", ""]
+    lines += ["Regenerate: `python -m stages.report --base " + base + ("" if rev == WORKSPACE else f" --rev {rev}") + "`", ""]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines))
+    log.info("Wrote %s (%d plots)", report, len(images))
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", default="main", help="revision to compare with (default: main)")
+    parser.add_argument("--rev", default=WORKSPACE, help="workspace (default), a git revision or an experiment name")
+    parser.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report/)")
+    args = parser.parse_args(argv)
+    try:
+        write_report(args.base, args.rev, args.out)
+    except ReportError as err:
+        log.error("%s", err)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
