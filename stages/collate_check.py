@@ -14,8 +14,8 @@ from datasets import load_from_disk
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from stages.common import METRICS_DIR, PRETRAINED_DIR, TOKENIZED_DIR, load_params, setup_logging, write_json
-from stages.data import eval_dataloader, is_labeled, make_collator, train_dataloader
-from stages.modeling import load_classifier
+from stages.data import is_labeled, make_collator, train_dataloader
+from stages.modeling import evaluation_batches, load_classifier
 
 log = setup_logging()
 
@@ -103,9 +103,10 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
     collator = make_collator(tokenizer)
     tokenized = load_from_disk(str(TOKENIZED_DIR))
-    loaders = {"train": train_dataloader(tokenized["train"], collator, params.train.batch_size, params.train.seed)}
+    loaders = {"train": train_dataloader(tokenized["train"], collator, params.train.batch_size, params.train.seed,
+                                         params.train.group_by_length)}
     for split in params.evaluate.splits:
-        loaders[split] = eval_dataloader(tokenized[split], collator, params.evaluate.batch_size)
+        loaders[split], _ = evaluation_batches(tokenized[split], collator, params.evaluate)
     report = {}
     try:
         for split, loader in loaders.items():

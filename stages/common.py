@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from ruamel.yaml import YAML, YAMLError
 
 PARAMS_FILE = Path("params.yaml")
@@ -69,12 +69,17 @@ class TrainParams(_Section):
     weight_decay: float = Field(ge=0)
     scheduler: SCHEDULERS
     warmup_steps: NonNegativeInt
-    mixed_precision: Literal["no", "fp16", "bf16"]
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"]  # auto: see resolve_mixed_precision
     log_every: PositiveInt  # optimizer steps between DVCLive logs of train loss and learning rate
+    group_by_length: StrictBool  # batches of similar lengths (transformers' LengthGroupedSampler)
+    adamw_impl: Literal["default", "foreach", "fused"]  # torch.optim.AdamW implementation
+    torch_compile: StrictBool
+    num_threads: PositiveInt | None  # torch.set_num_threads on CPU (null: torch's default)
 
 
 class EvaluateParams(_Section):
     batch_size: PositiveInt
+    sort_by_length: StrictBool  # evaluate in order of length (less padding); predictions keep the row order
     splits: list[Literal["validation", "test"]] = Field(min_length=1)
 
 
@@ -122,6 +127,26 @@ def setup_logging() -> logging.Logger:
     for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger("stages")
+
+
+def resolve_mixed_precision(choice: str) -> str:
+    """The Accelerate ``mixed_precision`` for a params choice; 'auto' picks what the hardware runs fast.
+
+    'auto' is bf16 autocast on a GPU with bf16 (Ampere and newer) or a CPU with bf16 instructions (AVX512-BF16
+    or AMX, read from /proc/cpuinfo), fp16 with a gradient scaler on an older GPU, and fp32 ('no') elsewhere.
+    Any other choice is returned as is.
+    """
+    if choice != "auto":
+        return choice
+    import torch
+
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return "no"
+    return "bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "no"
 
 
 def open_live(directory: str | Path):

@@ -11,6 +11,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 TEXT_COLUMNS = ("sentence1", "sentence2")
 RAW_COLUMNS = ("sentence1", "sentence2", "label", "idx")
@@ -90,7 +91,7 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
 
 def length_stats(ds: Dataset, max_length: int) -> dict:
     """Token-length statistics of a tokenized split (tokens per example, special tokens included)."""
-    lengths = np.array([len(ids) for ids in ds["input_ids"]])
+    lengths = np.array(token_lengths(ds))
     return {"examples": int(lengths.size), "mean": round(float(lengths.mean()), 2), "median": float(np.median(lengths)),
             "p95": float(np.percentile(lengths, 95)), "max": int(lengths.max()), "min": int(lengths.min()),
             "truncated": int((lengths >= max_length).sum()), "max_length": max_length}
@@ -101,12 +102,25 @@ def make_collator(tokenizer: PreTrainedTokenizerBase) -> DataCollatorWithPadding
     return DataCollatorWithPadding(tokenizer=tokenizer)
 
 
-def train_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int, seed: int) -> DataLoader:
+def token_lengths(ds: Dataset) -> list[int]:
+    """Tokens per example (special tokens included) of a tokenized split, in row order."""
+    return [len(ids) for ids in ds["input_ids"]]
+
+
+def train_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int, seed: int,
+                     group_by_length: bool = False) -> DataLoader:
     """Shuffled training batches; the order depends on ``seed`` only.
+
+    With ``group_by_length``, transformers' ``LengthGroupedSampler`` shuffles the rows, cuts them into chunks
+    of up to 50 batches and sorts each chunk by length, so a batch holds sequences of similar length and
+    dynamic padding adds little (the course's random batches pad about a quarter of all tokens on MRPC).
 
     Each batch is a dict of tensors ``[batch, seq_len]`` (``labels``: ``[batch]``).
     """
     generator = torch.Generator().manual_seed(seed)
+    if group_by_length:
+        sampler = LengthGroupedSampler(batch_size, lengths=token_lengths(ds), generator=generator)
+        return DataLoader(ds, batch_size=batch_size, sampler=sampler, collate_fn=collator, generator=generator)
     return DataLoader(ds, batch_size=batch_size, shuffle=True, collate_fn=collator, generator=generator)
 
 
@@ -117,3 +131,11 @@ def eval_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: 
     RNG, so validating between epochs would change the dropout masks of the epochs after it.
     """
     return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator, generator=torch.Generator())
+
+
+def length_order(ds: Dataset) -> np.ndarray:
+    """Row indices ``[examples]`` sorting a tokenized split by length (stable), for evaluation with little padding.
+
+    Evaluate ``ds.select(order)``, then ``out[order] = outputs`` puts the outputs back in row order.
+    """
+    return np.argsort(np.asarray(token_lengths(ds)), kind="stable")

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from accelerate import Accelerator
 from datasets import load_from_disk
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from stages.common import (FINETUNED_DIR, LIVE_DIR, METRICS_DIR, PREDICTIONS_DIR, RAW_DIR, TOKENIZED_DIR, EvaluateParams,
                            atomic_dir, load_params, open_live, setup_logging, write_json)
-from stages.data import eval_dataloader, is_labeled, make_collator
-from stages.modeling import evaluate_split, load_metric
+from stages.data import is_labeled, make_collator
+from stages.modeling import evaluate_split, evaluation_batches, load_metric
 
 log = setup_logging()
 
@@ -55,8 +56,11 @@ def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_
     with atomic_dir(predictions_dir) as tmp:
         for split in p.splits:
             labeled = is_labeled(tokenized[split])
-            dataloader = accelerator.prepare(eval_dataloader(tokenized[split], collator, p.batch_size))
-            metrics, logits = evaluate_split(model, dataloader, accelerator, load_metric() if labeled else None)
+            dataloader, order = evaluation_batches(tokenized[split], collator, p)
+            metrics, logits = evaluate_split(model, accelerator.prepare(dataloader), accelerator,
+                                             load_metric() if labeled else None)
+            if order is not None:  # back to row order
+                logits = logits[np.argsort(order)]
             probability = logits.softmax(dim=-1)[:, 1]
             table = raw[split].select_columns(["idx", "sentence1", "sentence2", "label"]).to_pandas()
             table["prediction"] = logits.argmax(dim=-1).numpy()

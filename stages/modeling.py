@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import evaluate
+import numpy as np
 import torch
 from accelerate import Accelerator
+from datasets import Dataset
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from stages.common import ID2LABEL, LABEL2ID
+from stages.common import ID2LABEL, LABEL2ID, EvaluateParams
+from stages.data import eval_dataloader, length_order
 
 METRIC_SCRIPT = Path(__file__).with_name("mrpc_metric.py")
 
@@ -33,6 +36,18 @@ def load_metric() -> evaluate.EvaluationModule:
     module (stages/mrpc_metric.py) by path instead, so it works offline.
     """
     return evaluate.load(str(METRIC_SCRIPT))
+
+
+def evaluation_batches(ds: Dataset, collator, p: EvaluateParams) -> tuple[DataLoader, np.ndarray | None]:
+    """The evaluation DataLoader of one tokenized split and the row order it follows.
+
+    With ``p.sort_by_length`` the rows go shortest first (little padding) and ``order`` is returned: put
+    outputs back in row order with ``out[order] = outputs``. Otherwise rows keep their order and ``order`` is None.
+    """
+    if not p.sort_by_length:
+        return eval_dataloader(ds, collator, p.batch_size), None
+    order = length_order(ds)
+    return eval_dataloader(ds.select(order), collator, p.batch_size), order
 
 
 @torch.no_grad()

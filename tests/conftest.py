@@ -94,3 +94,16 @@ def tiny_tokenized(tiny_raw, tokenizer, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tokenized")
     tokenize(tiny_raw, tokenizer, max_length=128).save_to_disk(str(folder))
     return folder
+
+
+def reset_accelerate() -> None:
+    """Accelerate keeps one AcceleratorState per process; forget it so the next Accelerator may differ."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    yield
+    reset_accelerate()

@@ -15,7 +15,8 @@ from stages.modeling import load_metric
 from stages.train import train
 
 TINY_TRAIN = TrainParams(seed=7, epochs=2, max_steps=None, batch_size=8, lr=1e-3, weight_decay=0.01,
-                         scheduler="linear", warmup_steps=2, mixed_precision="no", log_every=2)
+                         scheduler="linear", warmup_steps=2, mixed_precision="no", log_every=2,
+                         group_by_length=False, adamw_impl="default", torch_compile=False, num_threads=None)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_evaluate_writes_metrics_and_predictions(finetuned, tiny_tokenized, tiny
     out, _ = finetuned
     raw_dir = tmp_path / "raw"
     tiny_raw.save_to_disk(str(raw_dir))
-    p = EvaluateParams(batch_size=4, splits=["validation", "test"])
+    p = EvaluateParams(batch_size=4, sort_by_length=False, splits=["validation", "test"])
     results = evaluate_model(p, out, tiny_tokenized, raw_dir, tmp_path / "predictions")
     for split in ("validation", "test"):
         table = pd.read_csv(tmp_path / "predictions" / f"{split}.csv")
@@ -92,7 +93,7 @@ def test_unlabeled_test_split_gets_predictions_only(finetuned, tiny_tokenized, t
     tokenized = DatasetDict({**tokenized, "test": tokenized["test"].map(lambda r: {"labels": -1})})
     raw.save_to_disk(str(tmp_path / "raw"))
     tokenized.save_to_disk(str(tmp_path / "tokenized"))
-    p = EvaluateParams(batch_size=8, splits=["test"])
+    p = EvaluateParams(batch_size=8, sort_by_length=True, splits=["test"])
     results = evaluate_model(p, out, tmp_path / "tokenized", tmp_path / "raw", tmp_path / "predictions")
     assert results == {"test": {"examples": 19}}
     assert (tmp_path / "predictions" / "test.csv").exists()

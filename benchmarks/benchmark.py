@@ -1,0 +1,361 @@
+"""Side-by-side benchmark: the course's loop, transformers.Trainer and this project's train stage.
+
+Each way tokenizes data/raw, trains the same checkpoint (models/pretrained) with the same epochs, batch size
+and learning rate, and evaluates on validation, in its own subprocess (so peak RSS is its own). Reported per
+way: train samples/s, wall seconds (tokenize + train + evaluate), peak RSS, validation accuracy and F1, and
+the ratio of each to the course loop. The machine's dense matmul ceiling (fp32, bf16 GFLOP/s) is measured too,
+and the project's training FLOP/s is reported as a fraction of it.
+
+    python -m benchmarks.benchmark --mode short   # 40 optimizer steps per way, a few minutes
+    python -m benchmarks.benchmark --mode full    # whole runs (3 epochs each)
+
+Needs data/raw and models/pretrained (`dvc repro tokenize`). Writes benchmarks/results.json and
+benchmarks/RESULTS.md (full mode) or benchmarks/results-short.json and RESULTS-short.md (short mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from stages.common import PRETRAINED_DIR, RAW_DIR, load_params, peak_memory_mb
+
+HERE = Path(__file__).parent
+WAYS = ["course_loop", "trainer", "project"]
+SHORT_STEPS = 40
+
+
+# ---------------------------------------------------------------- the three ways (each runs in a subprocess)
+
+def course_loop(max_steps: int | None) -> dict:
+    """The loop of the course chapter "A full training", as written: random batches, fp32, batch 8, lr 5e-5."""
+    import evaluate  # noqa: F401  (imported as the course does; the metric module is the project's local one)
+    from datasets import load_from_disk
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, get_scheduler
+
+    from stages.modeling import load_metric
+
+    start = time.perf_counter()
+    raw_datasets = load_from_disk(str(RAW_DIR))
+    tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
+
+    def tokenize_function(example):
+        return tokenizer(example["sentence1"], example["sentence2"], truncation=True)
+
+    tokenized_datasets = raw_datasets.map(tokenize_function, batched=True, keep_in_memory=True)
+    data_collator = DataCollatorWithPadding(tokenizer=tokenizer)
+    tokenized_datasets = tokenized_datasets.remove_columns(["sentence1", "sentence2", "idx"])
+    tokenized_datasets = tokenized_datasets.rename_column("label", "labels")
+    tokenized_datasets.set_format("torch")
+    train_dataloader = DataLoader(tokenized_datasets["train"], shuffle=True, batch_size=8, collate_fn=data_collator)
+    eval_dataloader = DataLoader(tokenized_datasets["validation"], batch_size=8, collate_fn=data_collator)
+
+    torch.manual_seed(42)
+    model = AutoModelForSequenceClassification.from_pretrained(PRETRAINED_DIR, num_labels=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    num_epochs = 3
+    num_training_steps = max_steps or num_epochs * len(train_dataloader)
+    lr_scheduler = get_scheduler("linear", optimizer=optimizer, num_warmup_steps=0,
+                                 num_training_steps=num_training_steps)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    model.to(device)
+
+    progress_bar = tqdm(range(num_training_steps))
+    train_start, samples, tokens, padded, step = time.perf_counter(), 0, 0, 0, 0
+    model.train()
+    while step < num_training_steps:
+        for batch in train_dataloader:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            outputs = model(**batch)
+            loss = outputs.loss
+            loss.backward()
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad()
+            progress_bar.update(1)
+            samples, step = samples + len(batch["labels"]), step + 1
+            tokens, padded = tokens + int(batch["attention_mask"].sum()), padded + batch["attention_mask"].numel()
+            if step == num_training_steps:
+                break
+    _sync()
+    train_seconds = time.perf_counter() - train_start
+
+    metric = load_metric()
+    model.eval()
+    for batch in eval_dataloader:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with torch.no_grad():
+            outputs = model(**batch)
+        predictions = torch.argmax(outputs.logits, dim=-1)
+        metric.add_batch(predictions=predictions, references=batch["labels"])
+    result = metric.compute()
+    return {"samples": samples, "real_tokens": tokens, "steps": step, "train_seconds": train_seconds,
+            "padding_fraction": 1 - tokens / padded, "wall_s": time.perf_counter() - start, **result}
+
+
+def trainer(max_steps: int | None) -> dict:
+    """transformers.Trainer with the course's settings: batch 8, lr 5e-5, linear, no warmup, 3 epochs, fp32."""
+    from datasets import load_from_disk
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
+                              TrainingArguments)
+
+    from stages.modeling import load_metric
+
+    start = time.perf_counter()
+    raw = load_from_disk(str(RAW_DIR))
+    tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
+    tokenized = raw.map(lambda b: tokenizer(b["sentence1"], b["sentence2"], truncation=True), batched=True,
+                        keep_in_memory=True)
+    model = AutoModelForSequenceClassification.from_pretrained(PRETRAINED_DIR, num_labels=2)
+    metric = load_metric()
+
+    def compute_metrics(eval_pred):
+        logits, labels = eval_pred
+        return metric.compute(predictions=logits.argmax(-1), references=labels)
+
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                                 learning_rate=5e-5, num_train_epochs=3, max_steps=max_steps or -1,
+                                 lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0, seed=42,
+                                 save_strategy="no", eval_strategy="no", report_to=[], logging_steps=50,
+                                 use_cpu=not torch.cuda.is_available())
+        run = Trainer(model=model, args=args, train_dataset=tokenized["train"], data_collator=DataCollatorWithPadding(tokenizer),
+                      compute_metrics=compute_metrics, processing_class=tokenizer)
+        train_start = time.perf_counter()
+        output = run.train()
+        _sync()
+        train_seconds = time.perf_counter() - train_start
+        result = run.evaluate(tokenized["validation"])
+    steps = output.global_step
+    return {"samples": steps * 8, "steps": steps, "train_seconds": train_seconds, "wall_s": time.perf_counter() - start,
+            "accuracy": result["eval_accuracy"], "f1": result["eval_f1"]}
+
+
+def project(max_steps: int | None, overrides: dict | None = None) -> dict:
+    """The project's tokenize, train and evaluate code with params.yaml (its default speed settings).
+
+    ``overrides``: ``{"train": {...}, "evaluate": {...}}`` applied on top of params.yaml (for the ablation).
+    """
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from stages.data import make_collator, tokenize
+    from stages.modeling import evaluate_split, evaluation_batches, load_classifier, load_metric
+    from stages.train import train
+
+    params = load_params()
+    overrides = overrides or {}
+    params = params.model_copy(update={section: getattr(params, section).model_copy(update=values)
+                                       for section, values in overrides.items()})
+    start = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenized_dir = Path(tmp) / "tokenized"
+        tokenize(load_from_disk(str(RAW_DIR)), tokenizer, params.tokenize.max_length or tokenizer.model_max_length
+                 ).save_to_disk(str(tokenized_dir))
+        p = params.train.model_copy(update={"max_steps": max_steps}) if max_steps else params.train
+        metrics = train(p, tokenized_dir, PRETRAINED_DIR, Path(tmp) / "model", evaluation=params.evaluate)
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+        model = accelerator.prepare(load_classifier(Path(tmp) / "model"))
+        loader, _ = evaluation_batches(load_from_disk(str(tokenized_dir))["validation"], make_collator(tokenizer),
+                                       params.evaluate)
+        result, _ = evaluate_split(model, accelerator.prepare(loader), accelerator, load_metric())
+    return {"samples": metrics["train_samples"], "real_tokens": metrics["real_tokens"], "steps": metrics["steps"],
+            "train_seconds": metrics["train_seconds"], "padding_fraction": metrics["padding_fraction"],
+            "wall_s": time.perf_counter() - start, "accuracy": result["accuracy"], "f1": result["f1"],
+            "settings": {k: v for k, v in p.model_dump().items()
+                         if k in ("batch_size", "lr", "mixed_precision", "group_by_length", "adamw_impl",
+                                  "torch_compile", "num_threads")}}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------- machine ceiling and FLOPs
+
+def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """Dense ``[n, n] @ [n, n]`` throughput in GFLOP/s (2 n^3 FLOPs per product), best of ``repeats``."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        _sync()
+        start = time.perf_counter()
+        a @ b
+        _sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def training_flops(real_tokens: int, samples: int, mean_length: float) -> float:
+    """Training FLOPs ≈ 6 × non-embedding parameters × real tokens + attention.
+
+    Attention scores and the weighted sum cost 4 · seq · hidden FLOPs per token per layer forward, ×3 for
+    forward + backward (Kaplan et al., 2020, https://arxiv.org/abs/2001.08361, table 1), with seq the mean
+    real length.
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(PRETRAINED_DIR)
+    embedding = (config.vocab_size + config.max_position_embeddings + config.type_vocab_size) * config.hidden_size
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(PRETRAINED_DIR, num_labels=2)
+    non_embedding = sum(p.numel() for p in model.parameters()) - embedding
+    attention = 12 * config.num_hidden_layers * mean_length * config.hidden_size * real_tokens
+    return 6 * non_embedding * real_tokens + attention
+
+
+# ---------------------------------------------------------------- driver
+
+def run_way(way: str, max_steps: int | None, overrides: dict | None = None) -> dict:
+    """Run one way in a fresh Python process; its own peak RSS is added as ``peak_rss_mb``."""
+    cmd = [sys.executable, "-m", "benchmarks.benchmark", "--way", way] + (["--max-steps", str(max_steps)] if max_steps else [])
+    cmd += ["--overrides", json.dumps(overrides)] if overrides else []
+    print(f"== {way}: {' '.join(cmd)}", flush=True)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# The course's settings in the project's loop, then each speed setting alone, then all of them.
+COURSE_SETTINGS = {"train": {"batch_size": 8, "lr": 5e-5, "mixed_precision": "no", "group_by_length": False,
+                             "adamw_impl": "default", "torch_compile": False, "num_threads": None},
+                   "evaluate": {"batch_size": 8, "sort_by_length": False}}
+ABLATION = {
+    "course settings": {},
+    "length-grouped batches": {"train": {"group_by_length": True}},
+    "bf16 autocast": {"train": {"mixed_precision": "bf16"}},
+    "fused AdamW": {"train": {"adamw_impl": "fused"}},
+    "batch 32": {"train": {"batch_size": 32}},
+    "torch.compile": {"train": {"torch_compile": True}},
+    "1 thread": {"train": {"num_threads": 1}},
+    "all but compile": {"train": {"group_by_length": True, "mixed_precision": "bf16", "adamw_impl": "fused",
+                                  "batch_size": 32}},
+}
+
+
+def ablation() -> None:
+    """Short runs (SHORT_STEPS optimizer steps) of each ABLATION variant; writes benchmarks/ABLATION.md."""
+    rows = []
+    for name, change in ABLATION.items():
+        overrides = {section: {**COURSE_SETTINGS[section], **change.get(section, {})} for section in COURSE_SETTINGS}
+        r = run_way("project", SHORT_STEPS, overrides)
+        rows.append((name, r["samples"] / r["train_seconds"], r["padding_fraction"], r["train_seconds"]))
+        print(rows[-1], flush=True)
+    base = rows[0][1]
+    lines = ["# Speed settings, one at a time (short mode)", "",
+             f"Command: `python -m benchmarks.benchmark --ablation`  ", f"Date: {date.today().isoformat()}  ",
+             f"Machine: {machine()['cpu']}, {machine()['cores']} threads", "",
+             f"The project's loop with the course's settings (batch 8, fp32, random batches, default AdamW), then each "
+             f"setting alone, then all but torch.compile; {SHORT_STEPS} optimizer steps each, train samples/s.", "",
+             "| variant | train samples/s | ratio | padding fraction | train s |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | {sps:.1f} | {sps / base:.2f}x | {pad:.3f} | {sec:.1f} |" for n, sps, pad, sec in rows]
+    (HERE / "ABLATION.md").write_text("\n".join(lines) + "\n")
+    print((HERE / "ABLATION.md").read_text())
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    info = {"cpu": cpu, "cores": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def report(records: list[dict], ceiling: dict, mode: str, command: str) -> str:
+    """The Markdown table of RESULTS.md."""
+    info = machine()
+    lines = [f"# Benchmark ({mode} mode)", "",
+             f"Command: `{command}`  ", f"Date: {date.today().isoformat()}  ",
+             f"Machine: {info['cpu']}, {info['cores']} threads, torch {info['torch']}" + (f", {info['gpu']}" if "gpu" in info else ""),
+             "", "| way | train samples/s | wall s | peak RSS MB | val accuracy | val F1 | samples/s ratio | wall ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['name']} | {r['samples_per_s']:.1f} | {r['wall_s']:.0f} | {r['peak_rss_mb']:.0f} | "
+                     f"{r['accuracy']:.4f} | {r['f1']:.4f} | {r['ratio_to_course_loop']:.2f}x | {r['wall_ratio_to_course_loop']:.2f} |")
+    lines += ["", f"Matmul ceiling (2048², best of 10): fp32 {ceiling['fp32_gflops']:.0f} GFLOP/s, bf16 "
+              f"{ceiling['bf16_gflops']:.0f} GFLOP/s."]
+    for r in records:
+        if "train_tflops" in r:
+            lines.append(f"{r['name']}: training at {r['train_gflops']:.1f} GFLOP/s = {100 * r['fraction_of_fp32_ceiling']:.0f} % "
+                         f"of the fp32 ceiling, {100 * r['fraction_of_bf16_ceiling']:.0f} % of bf16 "
+                         f"(6 × non-embedding parameters × real tokens + attention).")
+    project_settings = next((r.get("settings") for r in records if r["name"] == "project"), None)
+    if project_settings:
+        lines += ["", f"Project settings (params.yaml): `{json.dumps(project_settings)}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=["short", "full"], default="short")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=WAYS)
+    parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)  # internal: run one way, print JSON
+    parser.add_argument("--max-steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--overrides", type=json.loads, help=argparse.SUPPRESS)
+    parser.add_argument("--ablation", action="store_true",
+                        help="short runs of the project's loop with each speed setting alone, then all together")
+    args = parser.parse_args()
+
+    if args.way:
+        if args.way == "project":
+            result = project(args.max_steps, args.overrides)
+        else:
+            result = {"course_loop": course_loop, "trainer": trainer}[args.way](args.max_steps)
+        print(json.dumps({**result, "peak_rss_mb": peak_memory_mb()}))
+        return
+    if args.ablation:
+        ablation()
+        return
+
+    max_steps = SHORT_STEPS if args.mode == "short" else None
+    ceiling = {"fp32_gflops": matmul_gflops(torch.float32), "bf16_gflops": matmul_gflops(torch.bfloat16)}
+    print(f"matmul ceiling: {ceiling}", flush=True)
+    results = {way: run_way(way, max_steps) for way in args.ways}
+    base = results.get("course_loop")
+    records = []
+    for way, r in results.items():
+        record = {"name": way, "samples_per_s": r["samples"] / r["train_seconds"], "wall_s": r["wall_s"],
+                  "peak_rss_mb": r["peak_rss_mb"], "accuracy": r["accuracy"], "f1": r["f1"], "steps": r["steps"],
+                  "train_seconds": r["train_seconds"]}
+        if base:
+            record["ratio_to_course_loop"] = record["samples_per_s"] / (base["samples"] / base["train_seconds"])
+            record["wall_ratio_to_course_loop"] = r["wall_s"] / base["wall_s"]
+        for key in ("padding_fraction", "settings"):
+            if key in r:
+                record[key] = r[key]
+        if "real_tokens" in r:
+            flops = training_flops(r["real_tokens"], r["samples"], r["real_tokens"] / r["samples"])
+            record["train_gflops"] = flops / r["train_seconds"] / 1e9
+            record["train_tflops"] = flops / 1e12
+            record["fraction_of_fp32_ceiling"] = record["train_gflops"] / ceiling["fp32_gflops"]
+            record["fraction_of_bf16_ceiling"] = record["train_gflops"] / ceiling["bf16_gflops"]
+        records.append(record)
+    suffix = "" if args.mode == "full" else "-short"
+    command = "python -m benchmarks.benchmark --mode " + args.mode + ("" if args.ways == WAYS else " --ways " + " ".join(args.ways))
+    (HERE / f"results{suffix}.json").write_text(json.dumps(
+        {"mode": args.mode, "command": command, "date": date.today().isoformat(), "machine": machine(),
+         "matmul_ceiling": ceiling, "ways": records}, indent=2) + "\n")
+    (HERE / f"RESULTS{suffix}.md").write_text(report(records, ceiling, args.mode, command))
+    print((HERE / f"RESULTS{suffix}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
