@@ -203,19 +203,17 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float
     return 2 * n**3 / best / 1e9
 
 
-def training_flops(real_tokens: int, samples: int, mean_length: float) -> float:
+def training_flops(real_tokens: int, mean_length: float) -> float:
     """Training FLOPs ≈ 6 × non-embedding parameters × real tokens + attention.
 
     Attention scores and the weighted sum cost 4 · seq · hidden FLOPs per token per layer forward, ×3 for
     forward + backward (Kaplan et al., 2020, https://arxiv.org/abs/2001.08361, table 1), with seq the mean
     real length.
     """
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     config = AutoConfig.from_pretrained(PRETRAINED_DIR)
     embedding = (config.vocab_size + config.max_position_embeddings + config.type_vocab_size) * config.hidden_size
-    from transformers import AutoModelForSequenceClassification
-
     model = AutoModelForSequenceClassification.from_pretrained(PRETRAINED_DIR, num_labels=2)
     non_embedding = sum(p.numel() for p in model.parameters()) - embedding
     attention = 12 * config.num_hidden_layers * mean_length * config.hidden_size * real_tokens
@@ -260,7 +258,7 @@ def ablation() -> None:
         print(rows[-1], flush=True)
     base = rows[0][1]
     lines = ["# Speed settings, one at a time (short mode)", "",
-             f"Command: `python -m benchmarks.benchmark --ablation`  ", f"Date: {date.today().isoformat()}  ",
+             "Command: `python -m benchmarks.benchmark --ablation`  ", f"Date: {date.today().isoformat()}  ",
              f"Machine: {machine()['cpu']}, {machine()['cores']} threads", "",
              f"The project's loop with the course's settings (batch 8, fp32, random batches, default AdamW), then each "
              f"setting alone, then all but torch.compile; {SHORT_STEPS} optimizer steps each, train samples/s.", "",
@@ -342,7 +340,7 @@ def main() -> None:
             if key in r:
                 record[key] = r[key]
         if "real_tokens" in r:
-            flops = training_flops(r["real_tokens"], r["samples"], r["real_tokens"] / r["samples"])
+            flops = training_flops(r["real_tokens"], r["real_tokens"] / r["samples"])
             record["train_gflops"] = flops / r["train_seconds"] / 1e9
             record["train_tflops"] = flops / 1e12
             record["fraction_of_fp32_ceiling"] = record["train_gflops"] / ceiling["fp32_gflops"]
