@@ -114,7 +114,8 @@ def test_dvclive_logs_one_row_per_logged_step_and_epoch(project):
     assert steps[0].split("\t")[-2:] == ["step", "loss"]
     assert [int(line.split("\t")[-2]) for line in steps[1:]] == [2, 3]  # log_every 2, and the last of 3 steps
     epochs = (root / "dvclive/train/epochs/plots/metrics/validation/f1.tsv").read_text().splitlines()
-    assert len(epochs) == 2  # header + 1 epoch
+    trained_epochs = json.loads((root / "metrics/train.json").read_text())["epochs"]
+    assert [int(line.split("\t")[0]) for line in epochs[1:]] == list(range(1, trained_epochs + 1))
     for split in ("validation", "test"):
         for plot in ("confusion_matrix", "precision_recall", "roc"):
             assert json.loads((root / f"dvclive/evaluate/plots/sklearn/{split}/{plot}.json").read_text())
