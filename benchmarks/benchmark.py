@@ -147,6 +147,7 @@ def project(max_steps: int | None, overrides: dict | None = None) -> dict:
 
     ``overrides``: ``{"train": {...}, "evaluate": {...}}`` applied on top of params.yaml (for the ablation).
     """
+    from accelerate import Accelerator
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
@@ -166,8 +167,6 @@ def project(max_steps: int | None, overrides: dict | None = None) -> dict:
                  ).save_to_disk(str(tokenized_dir))
         p = params.train.model_copy(update={"max_steps": max_steps}) if max_steps else params.train
         metrics = train(p, tokenized_dir, PRETRAINED_DIR, Path(tmp) / "model", evaluation=params.evaluate)
-        from accelerate import Accelerator
-
         accelerator = Accelerator()
         model = accelerator.prepare(load_classifier(Path(tmp) / "model"))
         loader, _ = evaluation_batches(load_from_disk(str(tokenized_dir))["validation"], make_collator(tokenizer),
