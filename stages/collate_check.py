@@ -113,7 +113,7 @@ def main() -> None:
             report[split] = check_split(loader, tokenizer, split, labeled=is_labeled(tokenized[split]))
             log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"], 100 * report[split]["padding_fraction"])
         torch.manual_seed(params.train.seed)
-        report["forward"] = check_forward(load_classifier(PRETRAINED_DIR).eval(), next(iter(loaders["train"])))
+        report["forward"] = check_forward(load_classifier(PRETRAINED_DIR, params.model.reinit_head).eval(), next(iter(loaders["train"])))
     except CollateError as err:
         log.error("collate-check failed: %s", err)
         sys.exit(1)

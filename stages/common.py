@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from ruamel.yaml import YAML, YAMLError
 
 PARAMS_FILE = Path("params.yaml")
@@ -22,6 +22,7 @@ TOKENIZED_DIR = Path("data/tokenized")
 PREDICTIONS_DIR = Path("data/predictions")
 PRETRAINED_DIR = Path("models/pretrained")
 FINETUNED_DIR = Path("models/finetuned")
+CHECKPOINTS_DIR = Path("models/checkpoints")  # accelerator.save_state per epoch, for train.resume (persist: true)
 METRICS_DIR = Path("metrics")
 LIVE_DIR = Path("dvclive")  # DVCLive step/epoch logs and plot data (git-tracked, cache: false in dvc.yaml)
 
@@ -54,6 +55,7 @@ class DataParams(_Section):
 
 class ModelParams(_Section):
     checkpoint: str = Field(min_length=1)
+    reinit_head: StrictBool  # a checkpoint whose classification head has other than 2 labels: new head (true) or error
 
 
 class TokenizeParams(_Section):
@@ -61,20 +63,42 @@ class TokenizeParams(_Section):
 
 
 class TrainParams(_Section):
-    seed: NonNegativeInt
-    epochs: PositiveInt
-    max_steps: PositiveInt | None
-    batch_size: PositiveInt
+    seed: NonNegativeInt  # model head initialisation, dropout and batch order
+    epochs: PositiveInt | None  # the most epochs (early stopping may end sooner)
+    max_steps: PositiveInt | None  # optimizer steps; overrides epochs when set
+    batch_size: PositiveInt  # per process and per forward pass
+    gradient_accumulation_steps: PositiveInt  # forward passes per optimizer step
     lr: float = Field(gt=0, lt=1)
-    weight_decay: float = Field(ge=0)
+    weight_decay: float = Field(ge=0, lt=1)  # not applied to biases and LayerNorm weights
+    max_grad_norm: float | None = Field(gt=0)  # gradient clipping (null: none)
     scheduler: SCHEDULERS
-    warmup_steps: NonNegativeInt
+    warmup_steps: NonNegativeInt  # warmup in optimizer steps ...
+    warmup_ratio: float = Field(ge=0, lt=1)  # ... or as a fraction of all optimizer steps (not both)
+    metric_for_best: Literal["f1", "accuracy", "loss"]  # validation metric that picks the kept epoch
+    keep_best: StrictBool  # save the best epoch's weights (true) or the last epoch's (false)
+    early_stopping_patience: PositiveInt | None  # epochs without improvement before stopping (null: never)
+    early_stopping_threshold: float = Field(ge=0)  # smallest change of metric_for_best that counts as improvement
+    resume: StrictBool  # continue from the last epoch checkpoint in models/checkpoints when it matches these params
+    accelerate_config: str = Field(min_length=1)  # `accelerate launch --config_file` of the train and evaluate stages
     mixed_precision: Literal["auto", "no", "fp16", "bf16"]  # auto: see resolve_mixed_precision
     log_every: PositiveInt  # optimizer steps between DVCLive logs of train loss and learning rate
     group_by_length: StrictBool  # batches of similar lengths (transformers' LengthGroupedSampler)
     adamw_impl: Literal["default", "foreach", "fused"]  # torch.optim.AdamW implementation
     torch_compile: StrictBool
     num_threads: PositiveInt | None  # torch.set_num_threads on CPU (null: torch's default)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainParams":
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("epochs and max_steps are both null: set epochs (a positive int) or max_steps")
+        if self.warmup_steps and self.warmup_ratio:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio}) are both set: "
+                             "set one, the other to 0")
+        # Relative to the working directory, as `accelerate launch` reads it (a tracked file of the project).
+        if not Path(self.accelerate_config).is_file():
+            raise ValueError(f"accelerate_config: file {self.accelerate_config!r} not found (from {Path.cwd()}); "
+                             "see configs/accelerate/ for examples")
+        return self
 
 
 class EvaluateParams(_Section):
@@ -116,7 +140,7 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
         lines = []
         for e in err.errors():
             key = ".".join(str(part) for part in e["loc"]) or "<top level>"
-            got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
+            got = "" if e["type"] in ("missing", "value_error") else f" (got {e['input']!r})"
             lines.append(f"{path}: {key}: {e['msg']}{got}")
         raise ParamsError("\n".join(lines)) from None
 
@@ -147,6 +171,22 @@ def resolve_mixed_precision(choice: str) -> str:
     except OSError:
         return "no"
     return "bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "no"
+
+
+def set_cpu_threads(num_threads: int | None) -> int:
+    """Set torch's intra-op CPU threads and return the number: ``num_threads``, or when None the CPUs this process
+    may run on divided among the processes of this machine (``LOCAL_WORLD_SIZE``, set by torchrun/accelerate).
+
+    `accelerate launch` exports OMP_NUM_THREADS=1 unless told otherwise, which on a CPU-only machine halves training
+    speed with 2 cores; this undoes that for the default single process.
+    """
+    import torch
+
+    if num_threads is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        num_threads = max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    torch.set_num_threads(num_threads)
+    return num_threads
 
 
 def open_live(directory: str | Path):

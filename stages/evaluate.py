@@ -8,17 +8,18 @@ dvclive/evaluate/plots/sklearn/<split>/.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from datasets import load_from_disk
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from stages.common import (FINETUNED_DIR, LIVE_DIR, METRICS_DIR, PREDICTIONS_DIR, RAW_DIR, TOKENIZED_DIR, EvaluateParams,
-                           atomic_dir, load_params, open_live, setup_logging, write_json)
+                           atomic_dir, load_params, open_live, set_cpu_threads, setup_logging, write_json)
 from stages.data import is_labeled, make_collator
-from stages.modeling import evaluate_split, evaluation_batches, load_metric
+from stages.modeling import check_checkpoint, evaluate_split, evaluation_batches, load_metric
 
 log = setup_logging()
 
@@ -46,14 +47,18 @@ def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_
         ``{split: {"accuracy", "f1", "loss", "examples"}}`` for each labeled split (an unlabeled split only
         gets its predictions file and ``{"examples": n}``).
     """
+    set_cpu_threads(None)
     accelerator = Accelerator()
+    check_checkpoint(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(model_dir))
+    main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
     tokenized, raw = load_from_disk(str(tokenized_dir)), load_from_disk(str(raw_dir))
     collator = make_collator(tokenizer)
     results = {}
-    live = open_live(live_dir) if live_dir is not None else None
-    with atomic_dir(predictions_dir) as tmp:
+    live_ctx = atomic_dir(live_dir) if live_dir is not None and main else contextlib.nullcontext()
+    with atomic_dir(predictions_dir) if main else contextlib.nullcontext() as tmp, live_ctx as live_tmp:
+        live = open_live(live_tmp) if live_tmp is not None else None
         for split in p.splits:
             labeled = is_labeled(tokenized[split])
             dataloader, order = evaluation_batches(tokenized[split], collator, p)
@@ -65,21 +70,24 @@ def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_
             table = raw[split].select_columns(["idx", "sentence1", "sentence2", "label"]).to_pandas()
             table["prediction"] = logits.argmax(dim=-1).numpy()
             table["probability"] = probability.numpy().round(5)
-            table.to_csv(tmp / f"{split}.csv", index=False)
+            if main:
+                table.to_csv(tmp / f"{split}.csv", index=False)
             results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(table)}
             if live is not None and labeled:
                 log_plots(live, split, table["label"].to_numpy(), table["prediction"].to_numpy(),
                           probability.double().numpy())
             log.info("%s: %s", split, results[split] if labeled else "no labels, predictions only")
-    if live is not None:
-        live.end()
+        if live is not None:
+            live.end()
+    accelerator.wait_for_everyone()
     return results
 
 
 def main() -> None:
     params = load_params().evaluate
     results = evaluate_model(params, FINETUNED_DIR, TOKENIZED_DIR, RAW_DIR, PREDICTIONS_DIR, LIVE_DIR / "evaluate")
-    write_json(METRICS_DIR / "eval.json", results)
+    if PartialState().is_main_process:
+        write_json(METRICS_DIR / "eval.json", results)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 from accelerate import Accelerator
 from datasets import Dataset
 from torch.utils.data import DataLoader
-from transformers import AutoModelForSequenceClassification, PreTrainedModel
+from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
 from stages.common import ID2LABEL, LABEL2ID, EvaluateParams
 from stages.data import eval_dataloader, length_order
@@ -18,15 +18,55 @@ from stages.data import eval_dataloader, length_order
 METRIC_SCRIPT = Path(__file__).with_name("mrpc_metric.py")
 
 
-def load_classifier(checkpoint_dir: str | Path) -> PreTrainedModel:
-    """Load a sequence classifier with the MRPC labels from a local checkpoint folder.
+class CheckpointError(ValueError):
+    """A checkpoint folder that can't be used: no config, no weights, no tokenizer, or a head of the wrong size."""
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
+
+
+def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> None:
+    """Check that a local checkpoint folder has a config, weights (``need_weights``) and a tokenizer.
+
+    Raises:
+        CheckpointError: naming the folder and the missing files, before transformers fails deep inside.
+    """
+    folder = Path(checkpoint_dir)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: checkpoint folder not found")
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder}: no config.json; not a transformers checkpoint folder")
+    if need_weights and not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise CheckpointError(f"{folder}: no model weights (one of {', '.join(WEIGHT_FILES)})")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{folder}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
+                              "save the tokenizer with the model (tokenizer.save_pretrained)")
+
+
+def load_classifier(checkpoint_dir: str | Path, reinit_head: bool = False) -> PreTrainedModel:
+    """Load a sequence classifier with the 2 MRPC labels from a local checkpoint folder.
 
     A checkpoint without a classification head (e.g. a plain ``BertModel``) gets a freshly initialised one,
-    seeded by the caller's ``set_seed``; transformers logs which weights were new.
+    seeded by the caller's ``set_seed``; transformers logs which weights were new. A checkpoint whose head has
+    another number of labels (e.g. an MNLI model, 3) is an error unless ``reinit_head``, which replaces that head
+    with a new 2-label one (``ignore_mismatched_sizes``).
+
+    Raises:
+        CheckpointError: the folder lacks config, weights or tokenizer (``check_checkpoint``), or its head does not
+            have 2 labels and ``reinit_head`` is false.
     """
+    check_checkpoint(checkpoint_dir)
+    config = AutoConfig.from_pretrained(checkpoint_dir)
+    has_head = any(name.endswith("ForSequenceClassification") for name in config.architectures or [])
+    if has_head and config.num_labels != len(ID2LABEL) and not reinit_head:
+        raise CheckpointError(
+            f"{checkpoint_dir}: the checkpoint's classification head has {config.num_labels} labels "
+            f"({config.id2label}), MRPC needs {len(ID2LABEL)}; set model.reinit_head: true in params.yaml to replace "
+            "it with a new 2-label head")
     return AutoModelForSequenceClassification.from_pretrained(
-        checkpoint_dir, num_labels=len(ID2LABEL), id2label=ID2LABEL, label2id=LABEL2ID
-    )
+        checkpoint_dir, num_labels=len(ID2LABEL), id2label=ID2LABEL, label2id=LABEL2ID,
+        ignore_mismatched_sizes=reinit_head)
 
 
 def load_metric() -> evaluate.EvaluationModule:

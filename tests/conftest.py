@@ -107,3 +107,16 @@ def reset_accelerate() -> None:
 def fresh_accelerator_state():
     yield
     reset_accelerate()
+
+
+def tiny_train_params(**overrides):
+    """TrainParams for the tiny model: 2 epochs of batch 8, fp32, row-order batches, last epoch kept."""
+    from stages.common import TrainParams
+
+    values = dict(seed=7, epochs=2, max_steps=None, batch_size=8, gradient_accumulation_steps=1, lr=1e-3,
+                  weight_decay=0.01, max_grad_norm=1.0, scheduler="linear", warmup_steps=2, warmup_ratio=0.0,
+                  metric_for_best="f1", keep_best=False, early_stopping_patience=None, early_stopping_threshold=0.0,
+                  resume=True, accelerate_config=str(REPO / "configs/accelerate/default.yaml"), mixed_precision="no",
+                  log_every=2, group_by_length=False, adamw_impl="default", torch_compile=False, num_threads=None)
+    values.update(overrides)
+    return TrainParams(**values)

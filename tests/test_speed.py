@@ -13,7 +13,9 @@ from stages.data import make_collator, train_dataloader
 from stages.evaluate import evaluate_model
 from stages.train import train
 from tests.conftest import reset_accelerate
-from tests.test_train_evaluate import TINY_TRAIN
+from tests.conftest import tiny_train_params
+
+TINY_TRAIN = tiny_train_params()
 
 
 @pytest.fixture(scope="module")

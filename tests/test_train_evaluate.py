@@ -9,14 +9,13 @@ from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoModelForSequenceClassification, pipeline
 
-from stages.common import EvaluateParams, TrainParams
+from stages.common import EvaluateParams
+from tests.conftest import tiny_train_params
 from stages.evaluate import evaluate_model
 from stages.modeling import load_metric
 from stages.train import train
 
-TINY_TRAIN = TrainParams(seed=7, epochs=2, max_steps=None, batch_size=8, lr=1e-3, weight_decay=0.01,
-                         scheduler="linear", warmup_steps=2, mixed_precision="no", log_every=2,
-                         group_by_length=False, adamw_impl="default", torch_compile=False, num_threads=None)
+TINY_TRAIN = tiny_train_params()
 
 
 @pytest.fixture(scope="module")
