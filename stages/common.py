@@ -7,7 +7,9 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
@@ -146,11 +148,21 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
 
 
 def setup_logging() -> logging.Logger:
-    """Configure the root logger for a stage (time, level, message) and return the 'stages' logger."""
+    """Configure the root logger for a stage (time, level, message) and return the 'stages' logger.
+
+    Also makes SIGTERM (what `kill`, job schedulers and `dvc queue kill` send) unwind like Ctrl-C, so the temp
+    outputs of ``atomic_dir`` and ``write_json`` are removed instead of left behind.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_system_exit)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     return logging.getLogger("stages")
+
+
+def _raise_system_exit(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def resolve_mixed_precision(choice: str) -> str:
@@ -187,6 +199,20 @@ def set_cpu_threads(num_threads: int | None) -> int:
         num_threads = max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     torch.set_num_threads(num_threads)
     return num_threads
+
+
+def make_accelerator(**kwargs):
+    """``accelerate.Accelerator(**kwargs)``, on CPU processes when torchrun started several and there is no GPU.
+
+    accelerate's own multi-CPU path (``--cpu --num_processes N``) needs MPI's mpirun; without it, it starts one
+    process. ``accelerate launch --multi_gpu --num_processes N`` (configs/accelerate/cpu_2proc.yaml) starts N
+    processes with torchrun instead, and with ``cpu=True`` they join a gloo process group on the CPU.
+    """
+    import torch
+    from accelerate import Accelerator
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return Accelerator(cpu=world_size > 1 and not torch.cuda.is_available(), **kwargs)
 
 
 def open_live(directory: str | Path):
@@ -227,10 +253,13 @@ def write_json(path: str | Path, obj: Any) -> None:
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield an empty temp folder beside ``path``; on success it replaces ``path``, on error it is removed.
 
-    So a stage killed or failing half-way never leaves a folder that looks finished.
+    So a stage killed or failing half-way never leaves a folder that looks finished. Temp folders that a killed
+    (SIGKILL) earlier run left beside ``path`` are removed first.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         yield tmp

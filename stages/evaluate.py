@@ -12,12 +12,12 @@ import contextlib
 from pathlib import Path
 
 import numpy as np
-from accelerate import Accelerator, PartialState
+from accelerate import PartialState
 from datasets import load_from_disk
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from stages.common import (FINETUNED_DIR, LIVE_DIR, METRICS_DIR, PREDICTIONS_DIR, RAW_DIR, TOKENIZED_DIR, EvaluateParams,
-                           atomic_dir, load_params, open_live, set_cpu_threads, setup_logging, write_json)
+                           atomic_dir, load_params, make_accelerator, open_live, set_cpu_threads, setup_logging, write_json)
 from stages.data import is_labeled, make_collator
 from stages.modeling import check_checkpoint, evaluate_split, evaluation_batches, load_metric
 
@@ -48,7 +48,7 @@ def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_
         gets its predictions file and ``{"examples": n}``).
     """
     set_cpu_threads(None)
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
     check_checkpoint(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(model_dir))

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from huggingface_hub import snapshot_download
-from huggingface_hub.errors import LocalEntryNotFoundError
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
 log = logging.getLogger("stages.sources")
 
@@ -72,9 +72,16 @@ def sha256_tree(folder: Path) -> dict[str, str]:
 
 
 def _hub_snapshot(repo_id: str, repo_type: str, allow_patterns: list[str]) -> Source | None:
-    """Download (or find in the HF cache) a Hub repo; None when the Hub and the cache both fail."""
+    """Download (or find in the HF cache) a Hub repo; None when the Hub and the cache both fail.
+
+    Also None for a name that can't be a Hub id (e.g. a folder that doesn't exist, ``/data/glue``).
+    """
     try:
         path = snapshot_download(repo_id, repo_type=repo_type, allow_patterns=allow_patterns)
+    except HFValidationError:
+        log.warning("%r is not a folder (from %s) nor a valid Hub %s id", repo_id, project_path(".").resolve(),
+                    repo_type)
+        return None
     except (LocalEntryNotFoundError, OSError) as err:
         log.warning("Hub %s %r unreachable: %s", repo_type, repo_id, str(err).splitlines()[0])
         return None
@@ -102,9 +109,11 @@ def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source
         log.warning("Dataset: Hub unreachable, using the LOCAL COPY %s instead of %s", local_copy, dataset)
         log.warning("=" * 70)
         return Source(requested=dataset, kind="local", location=local_copy, path=str(project_path(local_copy).resolve()))
+    fallback = (f"the local copy {local_copy!r} (params.yaml data.local_copy) is not a folder" if local_copy
+                else "no local copy is set (params.yaml data.local_copy: null)")
     raise SourceError(
         f"dataset {dataset!r} (params.yaml data.dataset) is neither a local folder nor reachable on the Hub, "
-        f"and the local copy {local_copy!r} (params.yaml data.local_copy) is not a folder"
+        f"and {fallback}"
     )
 
 

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import shutil
-import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from transformers import AutoTokenizer, get_scheduler
 from transformers.trainer_pt_utils import get_parameter_names
 
 from stages.common import (CHECKPOINTS_DIR, FINETUNED_DIR, LIVE_DIR, METRICS_DIR, PRETRAINED_DIR, TOKENIZED_DIR,
-                           EvaluateParams, TrainParams, atomic_dir, load_params, open_live, peak_memory_mb,
+                           EvaluateParams, TrainParams, atomic_dir, load_params, make_accelerator, open_live, peak_memory_mb,
                            resolve_mixed_precision, set_cpu_threads, setup_logging, write_json)
 from stages.data import make_collator, train_dataloader
 from stages.modeling import evaluate_split, evaluation_batches, load_classifier, load_metric
@@ -221,7 +220,8 @@ def train(p: TrainParams, tokenized_dir: Path, pretrained_dir: Path, output_dir:
     threads = set_cpu_threads(p.num_threads)
     evaluation = evaluation or EvaluateParams(batch_size=32, sort_by_length=False, splits=["validation"])
     mixed_precision = resolve_mixed_precision(p.mixed_precision)
-    accelerator = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=p.gradient_accumulation_steps)
+    accelerator = make_accelerator(mixed_precision=mixed_precision,
+                                   gradient_accumulation_steps=p.gradient_accumulation_steps)
     set_seed(p.seed)
     tokenizer = AutoTokenizer.from_pretrained(pretrained_dir)
     model = load_classifier(pretrained_dir, reinit_head)
@@ -338,7 +338,7 @@ def train(p: TrainParams, tokenized_dir: Path, pretrained_dir: Path, output_dir:
             if checkpoints_dir is not None:
                 save_checkpoint(accelerator, checkpoints_dir, state)
         progress.close()
-        if stopping.should_stop:
+        if stopping.should_stop and state.epoch < num_epochs:
             log.info("Early stopping after epoch %d: %s did not improve for %d epochs (best %.4f, epoch %d)",
                      state.epoch, p.metric_for_best, stopping.bad_epochs, stopping.best, stopping.best_epoch)
 
@@ -363,7 +363,7 @@ def train(p: TrainParams, tokenized_dir: Path, pretrained_dir: Path, output_dir:
         "epochs": state.epoch,
         "best_epoch": kept["epoch"],
         f"best_validation_{p.metric_for_best}": round(kept[f"validation/{p.metric_for_best}"], 4),
-        "stopped_early": stopping.should_stop,
+        "stopped_early": stopping.should_stop and state.epoch < num_epochs,
         "resumed_from_epoch": resumed_from,
         "train_samples": state.samples,
         "train_seconds": round(state.train_seconds, 1),
@@ -382,16 +382,7 @@ def train(p: TrainParams, tokenized_dir: Path, pretrained_dir: Path, output_dir:
     return metrics
 
 
-def _exit_on_sigterm() -> None:
-    """SIGTERM (what `kill`, schedulers and `dvc queue kill` send) unwinds like Ctrl-C: temp outputs are removed."""
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def main() -> None:
-    _exit_on_sigterm()
     params = load_params()
     metrics = train(params.train, TOKENIZED_DIR, PRETRAINED_DIR, FINETUNED_DIR, LIVE_DIR / "train", params.evaluate,
                     CHECKPOINTS_DIR, params.model.reinit_head)

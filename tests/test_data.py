@@ -38,6 +38,18 @@ def test_bad_label_missing_column_and_empty_split(tiny_raw):
         check_raw(DatasetDict({"train": tiny_raw["train"], "test": tiny_raw["test"]}), "tiny")
 
 
+def test_repeated_idx_and_null_label_are_named(tiny_raw):
+    # select() gives a dataset with an indices mapping, as max_samples does: the rows checked are the selected ones.
+    repeated = DatasetDict({**tiny_raw, "train": tiny_raw["train"].select([0, 1, 2, 1])})
+    with pytest.raises(DataError, match=r"tiny: split 'train': idx=1 is repeated in rows \[1, 3\]; each idx must be"):
+        check_raw(repeated, "tiny")
+    labels = [None if i == 4 else label for i, label in enumerate(tiny_raw["validation"]["label"])]
+    validation = tiny_raw["validation"].remove_columns("label").add_column("label", labels)
+    null = DatasetDict({**tiny_raw, "validation": validation})
+    with pytest.raises(DataError, match=r"split 'validation' row idx=4: label is missing \(null\)"):
+        check_raw(null, "tiny")
+
+
 def test_tokenize_follows_the_course(tiny_raw, tokenizer):
     tokenized = tokenize(tiny_raw, tokenizer, max_length=128)
     assert tokenized["train"].column_names == ["labels", "input_ids", "token_type_ids", "attention_mask"]

@@ -35,49 +35,81 @@ def test_auto_mixed_precision_follows_the_hardware():
         assert resolve_mixed_precision("auto") == expected
 
 
-def _with(key: str, value):
+def _with(changes: dict):
+    """The committed params with ``{"section.key": value}`` changes (``DELETE``: remove the key)."""
     params = copy.deepcopy(GOOD)
-    *parents, last = key.split(".")
-    node = params
-    for part in parents:
-        node = node[part]
-    if value is DELETE:
-        del node[last]
-    else:
-        node[last] = value
+    for key, value in changes.items():
+        *parents, last = key.split(".")
+        node = params
+        for part in parents:
+            node = node[part]
+        if value is DELETE:
+            del node[last]
+        else:
+            node[last] = value
     return params
 
 
 DELETE = object()
+SCHEDULERS = ("'linear', 'cosine', 'cosine_with_restarts', 'polynomial', 'constant', 'constant_with_warmup' or "
+              "'inverse_sqrt'")
 
+# (changes to the committed params.yaml, the message after "<file>: ")
 BAD = [
-    ("train.lr", -1.0, "train.lr: Input should be greater than 0"),
-    ("train.lr", "fast", "train.lr: Input should be a valid number"),
-    ("train.batch_size", 0, "train.batch_size: Input should be greater than or equal to 1"),
-    ("train.batch_size", "8", "train.batch_size: Input should be a valid integer"),
-    ("train.epochs", 2.5, "train.epochs: Input should be a valid integer"),
-    ("train.epochs", DELETE, "train.epochs: Field required"),
-    ("train.scheduler", "cosinus", "train.scheduler: Input should be 'linear', 'cosine'"),
-    ("train.mixed_precision", "fp8", "train.mixed_precision: Input should be 'auto', 'no', 'fp16' or 'bf16'"),
-    ("train.warmup_steps", -5, "train.warmup_steps: Input should be greater than or equal to 0"),
-    ("train.learning_rate", 1e-4, "train.learning_rate: Extra inputs are not permitted"),
-    ("evaluate.splits", [], "evaluate.splits: List should have at least 1 item"),
-    ("evaluate.splits", ["train"], "evaluate.splits.0: Input should be 'validation' or 'test'"),
-    ("data.max_samples", 0, "data.max_samples: Input should be greater than or equal to 1"),
-    ("model.checkpoint", "", "model.checkpoint: String should have at least 1 character"),
-    ("tokenize.max_length", 4, "tokenize.max_length: Input should be greater than or equal to 8"),
-    ("train.group_by_length", "yes", "train.group_by_length: Input should be a valid boolean"),
-    ("train.adamw_impl", "apex", "train.adamw_impl: Input should be 'default', 'foreach' or 'fused'"),
-    ("train.num_threads", 0, "train.num_threads: Input should be greater than or equal to 1"),
-    ("evaluate.sort_by_length", DELETE, "evaluate.sort_by_length: Field required"),
-    ("surprise", {}, "surprise: Extra inputs are not permitted"),
+    ({"train.lr": -1.0}, "train.lr: Input should be greater than 0"),
+    ({"train.lr": "fast"}, "train.lr: Input should be a valid number"),
+    ({"train.batch_size": 0}, "train.batch_size: Input should be greater than or equal to 1"),
+    ({"train.batch_size": "8"}, "train.batch_size: Input should be a valid integer"),
+    ({"train.epochs": 2.5}, "train.epochs: Input should be a valid integer"),
+    ({"train.epochs": DELETE}, "train.epochs: Field required"),
+    ({"train.scheduler": "cosinus"}, f"train.scheduler: Input should be {SCHEDULERS} (got 'cosinus')"),
+    ({"train.mixed_precision": "fp8"}, "train.mixed_precision: Input should be 'auto', 'no', 'fp16' or 'bf16'"),
+    ({"train.warmup_steps": -5}, "train.warmup_steps: Input should be greater than or equal to 0"),
+    ({"train.warmup_ratio": 1.0}, "train.warmup_ratio: Input should be less than 1"),
+    ({"train.gradient_accumulation_steps": 0},
+     "train.gradient_accumulation_steps: Input should be greater than or equal to 1"),
+    ({"train.max_grad_norm": 0}, "train.max_grad_norm: Input should be greater than 0"),
+    ({"train.max_grad_norm": -1.0}, "train.max_grad_norm: Input should be greater than 0"),
+    ({"train.metric_for_best": "precision"},
+     "train.metric_for_best: Input should be 'f1', 'accuracy' or 'loss' (got 'precision')"),
+    ({"train.keep_best": "true"}, "train.keep_best: Input should be a valid boolean"),
+    ({"train.early_stopping_patience": 0}, "train.early_stopping_patience: Input should be greater than or equal to 1"),
+    ({"train.early_stopping_threshold": -0.1},
+     "train.early_stopping_threshold: Input should be greater than or equal to 0"),
+    ({"train.resume": DELETE}, "train.resume: Field required"),
+    ({"train.accelerate_config": ""}, "train.accelerate_config: String should have at least 1 character"),
+    ({"train.learning_rate": 1e-4}, "train.learning_rate: Extra inputs are not permitted"),
+    ({"evaluate.splits": []}, "evaluate.splits: List should have at least 1 item"),
+    ({"evaluate.splits": ["train"]}, "evaluate.splits.0: Input should be 'validation' or 'test'"),
+    ({"data.max_samples": 0}, "data.max_samples: Input should be greater than or equal to 1"),
+    ({"model.checkpoint": ""}, "model.checkpoint: String should have at least 1 character"),
+    ({"model.reinit_head": "yes"}, "model.reinit_head: Input should be a valid boolean (got 'yes')"),
+    ({"model.reinit_heads": True}, "model.reinit_heads: Extra inputs are not permitted"),
+    ({"tokenize.max_length": 4}, "tokenize.max_length: Input should be greater than or equal to 8"),
+    ({"train.group_by_length": "yes"}, "train.group_by_length: Input should be a valid boolean"),
+    ({"train.adamw_impl": "apex"}, "train.adamw_impl: Input should be 'default', 'foreach' or 'fused'"),
+    ({"train.num_threads": 0}, "train.num_threads: Input should be greater than or equal to 1"),
+    ({"evaluate.sort_by_length": DELETE}, "evaluate.sort_by_length: Field required"),
+    ({"surprise": {}}, "surprise: Extra inputs are not permitted"),
+    # Rules across keys (TrainParams' model_validator): pydantic names the section, not a key.
+    ({"train.epochs": None, "train.max_steps": None},
+     "train: Value error, epochs and max_steps are both null: set epochs (a positive int) or max_steps"),
+    ({"train.warmup_steps": 10, "train.warmup_ratio": 0.1},
+     "train: Value error, warmup_steps (10) and warmup_ratio (0.1) are both set: set one, the other to 0"),
+    ({"train.accelerate_config": "configs/accelerate/nowhere.yaml"},
+     "train: Value error, accelerate_config: file 'configs/accelerate/nowhere.yaml' not found"),
 ]
 
 
-@pytest.mark.parametrize("key,value,message", BAD, ids=[f"{k}={v!r}"[:40] for k, v, _ in BAD])
-def test_bad_params_name_the_file_and_key(tmp_path, key, value, message):
+def _id(changes: dict) -> str:
+    return ",".join(f"{k}={'DELETE' if v is DELETE else repr(v)}" for k, v in changes.items())[:60]
+
+
+@pytest.mark.parametrize("changes,message", BAD, ids=[_id(changes) for changes, _ in BAD])
+def test_bad_params_name_the_file_and_key(tmp_path, monkeypatch, changes, message):
+    monkeypatch.chdir(REPO)  # train.accelerate_config is relative to the working directory
     path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(_with(key, value)))
+    path.write_text(yaml.safe_dump(_with(changes)))
     with pytest.raises(ParamsError) as err:
         load_params(path)
     assert f"{path}: {message}" in str(err.value)

@@ -1,0 +1,226 @@
+"""Bad input stops a stage with one clear line naming the folder, split, row and rule, and writes nothing.
+
+Each bad dataset is the good tiny one with one change, written as a folder laid out like the Hub's nyu-mll/glue
+and loaded the way the download stage loads it (``download_dataset``).
+"""
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from datasets import Dataset
+from transformers import BertConfig, BertForSequenceClassification
+
+from stages.common import ID2LABEL, DataParams
+from stages.data import SPLITS, DataError
+from stages.download import download_checkpoint, download_dataset
+from stages.modeling import CheckpointError, load_classifier
+from stages.sources import SourceError
+from tests.conftest import make_split
+
+
+def write_hub_folder(root: Path, splits: dict | None, config: str = "mrpc") -> Path:
+    """``root`` laid out like the Hub repo: ``<config>/<split>-00000-of-00001.parquet`` and a README.md whose
+    ``configs:`` header lists the splits. ``splits`` maps a split to a DataFrame or Dataset (written as parquet),
+    bytes (the file's raw content) or None (listed in the README, no file). ``{}``: an empty folder;
+    None: no folder at all.
+    """
+    if splits is None:
+        return root
+    root.mkdir(parents=True)
+    if not splits:
+        return root
+    (root / config).mkdir()
+    for split, data in splits.items():
+        file = root / config / f"{split}-00000-of-00001.parquet"
+        if isinstance(data, bytes):
+            file.write_bytes(data)
+        elif isinstance(data, Dataset):
+            data.to_parquet(str(file))
+        elif data is not None:
+            data.to_parquet(file, index=False)
+    header = ["---", "configs:", f"- config_name: {config}", "  data_files:"]
+    header += [f"  - split: {split}\n    path: {config}/{split}-*" for split in splits]
+    (root / "README.md").write_text("\n".join([*header, "---", "", "Test data."]))
+    return root
+
+
+def with_cell(splits: dict, split: str, row: int, column: str, value) -> dict:
+    """``splits`` with one cell changed (the column becomes nullable, so ``value`` may be None)."""
+    df = splits[split].copy()
+    df[column] = df[column].astype(object)
+    df.at[row, column] = value
+    return {**splits, split: df}
+
+
+def without(splits: dict, split: str) -> dict:
+    return {s: df for s, df in splits.items() if s != split}
+
+
+@pytest.fixture
+def good(tiny_raw) -> dict[str, pd.DataFrame]:
+    """The tiny dataset as one DataFrame per split (label as plain int64, as pandas writes it)."""
+    return {split: tiny_raw[split].to_pandas() for split in SPLITS}
+
+
+# (id, the change to the good splits, error, message with the dataset folder written <folder>)
+BAD_DATASETS = [
+    ("missing-folder", lambda d: None, SourceError,
+     ("dataset '<folder>' (params.yaml data.dataset) is neither a local folder nor reachable on the Hub, "
+      "and no local copy is set (params.yaml data.local_copy: null)")),
+    ("empty-folder", lambda d: {}, DataError,
+     ("<folder> (config 'mrpc'): cannot load: EmptyDatasetError: The directory at <folder> doesn't contain any "
+      "data files")),
+    ("corrupt-parquet", lambda d: {**d, "train": b"this is not parquet" * 10}, DataError,
+     ("<folder> (config 'mrpc'): split 'train': mrpc/train-00000-of-00001.parquet is not a readable parquet file: "
+      "ArrowInvalid: ")),
+    ("readme-split-without-files", lambda d: {**d, "validation": None}, DataError,
+      "<folder> (config 'mrpc'): cannot load: ValueError: Couldn't infer the same data file format for all splits"),
+    ("missing-split", lambda d: without(d, "validation"), DataError,
+      "<folder>: missing split(s) ['validation']; found ['train', 'test']"),
+    ("empty-split", lambda d: {**d, "validation": d["validation"].iloc[:0]}, DataError,
+      "<folder> (config 'mrpc'): split 'validation' is empty (no rows in mrpc/validation-00000-of-00001.parquet)"),
+    ("missing-column", lambda d: {**d, "validation": d["validation"].drop(columns="label")}, DataError,
+     ("<folder> (config 'mrpc'): split 'validation': mrpc/validation-00000-of-00001.parquet lacks column(s) ['label']; "
+      "has ['sentence1', 'sentence2', 'idx']")),
+    ("label-2-train", lambda d: with_cell(d, "train", 5, "label", 2), DataError,
+      "<folder>: split 'train' row idx=5: label 2 not in [0, 1]"),
+    ("label-minus-1-validation", lambda d: with_cell(d, "validation", 4, "label", -1), DataError,
+      "<folder>: split 'validation' row idx=4: label -1 not in [0, 1]"),
+    ("label-2-test", lambda d: with_cell(d, "test", 0, "label", 2), DataError,
+      "<folder>: split 'test' row idx=0: label 2 not in [-1, 0, 1]"),
+    ("test-partly-unlabeled", lambda d: with_cell(d, "test", 2, "label", -1), DataError,
+     ("<folder>: split 'test' row idx=2: label -1 (unlabeled) among labeled rows; the test split is labeled "
+      "throughout or -1 throughout")),
+    ("null-label", lambda d: with_cell(d, "train", 6, "label", None), DataError,
+      "<folder>: split 'train' row idx=6: label is missing (null); every row needs a label in [0, 1]"),
+    ("null-sentence", lambda d: with_cell(d, "train", 3, "sentence2", None), DataError,
+      "<folder>: split 'train' row idx=3: empty sentence2 (null, empty or only whitespace)"),
+    ("blank-sentence", lambda d: with_cell(d, "validation", 8, "sentence1", " \t"), DataError,
+      "<folder>: split 'validation' row idx=8: empty sentence1 (null, empty or only whitespace)"),
+    ("duplicate-idx", lambda d: with_cell(d, "train", 7, "idx", 3), DataError,
+      "<folder>: split 'train': idx=3 is repeated in rows [3, 7]; each idx must be unique"),
+    ("duplicate-idx-twice", lambda d: with_cell(with_cell(d, "test", 9, "idx", 1), "test", 12, "idx", 4), DataError,
+     ("<folder>: split 'test': idx=1 is repeated in rows [1, 9] (and 1 more repeated idx values); "
+      "each idx must be unique")),
+]
+
+
+def _load(folder: Path, out_dir: Path, config: str = "mrpc") -> dict:
+    return download_dataset(DataParams(dataset=str(folder), config=config, local_copy=None, max_samples=None), out_dir)
+
+
+def _assert_nothing_written(out_dir: Path) -> None:
+    assert not out_dir.exists()
+    assert not list(out_dir.parent.glob(f".{out_dir.name}.*.tmp"))
+
+
+def test_the_good_folder_loads(good, tmp_path):
+    record = _load(write_hub_folder(tmp_path / "glue", good), tmp_path / "raw")
+    assert {split: v["rows"] for split, v in record["splits"].items()} == {"train": 40, "validation": 21, "test": 19}
+
+
+def test_an_unlabeled_test_split_loads(good, tmp_path):
+    # The Hub's GLUE test split: label -1 in every row.
+    folder = write_hub_folder(tmp_path / "glue", {**good, "test": make_split(19, 2, labeled=False)})
+    assert _load(folder, tmp_path / "raw")["splits"]["test"]["rows"] == 19
+
+
+@pytest.mark.parametrize("change,error,message", [case[1:] for case in BAD_DATASETS],
+                         ids=[case[0] for case in BAD_DATASETS])
+def test_bad_dataset_is_named_in_one_line(good, tmp_path, change, error, message):
+    folder = write_hub_folder(tmp_path / "glue", change(good))
+    out_dir = tmp_path / "data" / "raw"
+    with pytest.raises(error) as err:
+        _load(folder, out_dir)
+    text = str(err.value)
+    assert "\n" not in text
+    assert message in text.replace(str(folder.resolve()), "<folder>").replace(str(folder), "<folder>")
+    _assert_nothing_written(out_dir)
+
+
+def test_unknown_config_lists_the_available_ones(good, tmp_path):
+    folder = write_hub_folder(tmp_path / "glue", good)
+    with pytest.raises(DataError) as err:
+        _load(folder, tmp_path / "raw", config="sst2")
+    message = str(err.value)
+    assert message.startswith(f"{folder.resolve()} (config 'sst2'): cannot load: ValueError: BuilderConfig 'sst2'")
+    assert "'mrpc'" in message
+    _assert_nothing_written(tmp_path / "raw")
+
+
+def test_library_error_is_chained(good, tmp_path):
+    # The underlying error stays reachable (``raise ... from err``) for whoever needs the full traceback.
+    folder = write_hub_folder(tmp_path / "glue", {})
+    with pytest.raises(DataError) as err:
+        _load(folder, tmp_path / "raw")
+    assert isinstance(err.value.__cause__, FileNotFoundError)
+
+
+# Checkpoints. tiny_checkpoint: a 2-layer BertModel (no head) saved with the real tokenizer.
+
+@pytest.fixture
+def checkpoint_copy(tiny_checkpoint, tmp_path) -> Path:
+    return Path(shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint"))
+
+
+def _load_classifier(folder: Path, tmp_path: Path) -> None:
+    load_classifier(folder)
+
+
+def _download_checkpoint(folder: Path, tmp_path: Path) -> None:
+    download_checkpoint(str(folder), tmp_path / "pretrained")
+
+
+BAD_CHECKPOINTS = [
+    ("no-weights", ["model.safetensors"],
+     ("no model weights (one of model.safetensors, model.safetensors.index.json, pytorch_model.bin, "
+      "pytorch_model.bin.index.json)")),
+    ("no-tokenizer", ["tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json"],
+     ("no tokenizer files (one of tokenizer.json, vocab.txt, tokenizer.model, vocab.json); save the tokenizer with the "
+      "model (tokenizer.save_pretrained)")),
+    ("no-config", ["config.json"], "no config.json; not a transformers checkpoint folder"),
+]
+
+
+@pytest.mark.parametrize("load", [_load_classifier, _download_checkpoint],
+                         ids=["load_classifier", "download_checkpoint"])
+@pytest.mark.parametrize("remove,message", [case[1:] for case in BAD_CHECKPOINTS],
+                         ids=[case[0] for case in BAD_CHECKPOINTS])
+def test_bad_checkpoint_folder_is_named(checkpoint_copy, tmp_path, load, remove, message):
+    for name in remove:
+        (checkpoint_copy / name).unlink(missing_ok=True)
+    with pytest.raises(CheckpointError) as err:
+        load(checkpoint_copy, tmp_path)
+    assert str(err.value) in (f"{checkpoint_copy}: {message}", f"{checkpoint_copy.resolve()}: {message}")
+    _assert_nothing_written(tmp_path / "pretrained")
+
+
+def test_missing_checkpoint_folder_names_the_key(tmp_path):
+    with pytest.raises(SourceError, match=r"\(params.yaml model.checkpoint\) is neither a local folder"):
+        download_checkpoint(str(tmp_path / "nowhere"), tmp_path / "pretrained")
+    _assert_nothing_written(tmp_path / "pretrained")
+
+
+@pytest.fixture
+def three_label_checkpoint(tiny_checkpoint, tokenizer, tmp_path) -> Path:
+    """A classifier checkpoint with a 3-label head (like an MNLI model) and the tokenizer."""
+    folder = tmp_path / "mnli-like"
+    config = BertConfig.from_pretrained(tiny_checkpoint, num_labels=3)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_head_with_three_labels_needs_reinit_head(three_label_checkpoint):
+    with pytest.raises(CheckpointError) as err:
+        load_classifier(three_label_checkpoint, reinit_head=False)
+    assert str(err.value).startswith(f"{three_label_checkpoint}: the checkpoint's classification head has 3 labels")
+    assert "MRPC needs 2; set model.reinit_head: true in params.yaml" in str(err.value)
+
+
+def test_reinit_head_replaces_a_three_label_head(three_label_checkpoint):
+    model = load_classifier(three_label_checkpoint, reinit_head=True)
+    assert model.config.num_labels == 2 and model.config.id2label == ID2LABEL
+    assert model.classifier.out_features == 2

@@ -1,0 +1,73 @@
+"""The distributed path on CPU: `accelerate launch` with 2 processes trains, and evaluates to the same metrics as
+one process on the same weights, also when a split does not divide by the global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+CPU_2PROC = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
+ONE_PROCESS = REPO / "configs" / "accelerate" / "default.yaml"
+
+
+def launch(project: Path, module: str, config: Path) -> str:
+    """`accelerate launch --config_file config -m module` in ``project``; returns its output."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", module]
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def project(tiny_raw, tiny_tokenized, tiny_checkpoint, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("distributed")
+    tiny_raw.save_to_disk(str(root / "data" / "raw"))
+    shutil.copytree(tiny_tokenized, root / "data" / "tokenized")
+    shutil.copytree(tiny_checkpoint, root / "models" / "pretrained")
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["train"].update(seed=5, epochs=2, max_steps=None, batch_size=4, lr=1e-3, warmup_ratio=0.0, warmup_steps=0,
+                           early_stopping_patience=None, mixed_precision="no", group_by_length=False,
+                           adamw_impl="default", accelerate_config=str(CPU_2PROC), num_threads=1)
+    # validation has 21 rows, test 19: neither divides by the global batch of 2 processes x 4
+    params["evaluate"].update(batch_size=4, sort_by_length=True, splits=["validation", "test"])
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root
+
+
+def test_two_processes_train_with_a_shared_schedule(project):
+    output = launch(project, "stages.train", CPU_2PROC)
+    assert "on 2 process(es)" in output
+    metrics = json.loads((project / "metrics" / "train.json").read_text())
+    # 40 rows, 10 batches of 4, split over 2 processes: 5 optimizer steps an epoch, taken by both together
+    assert (metrics["steps"], metrics["epochs"]) == (10, 2)
+    assert metrics["train_samples"] == 2 * 10 * 4
+    assert (project / "models" / "finetuned" / "model.safetensors").is_file()
+
+
+def test_two_processes_evaluate_like_one(project):
+    if not (project / "models" / "finetuned").is_dir():
+        pytest.skip("needs the model of test_two_processes_train_with_a_shared_schedule")
+    launch(project, "stages.evaluate", CPU_2PROC)
+    two = json.loads((project / "metrics" / "eval.json").read_text())
+    two_predictions = {s: pd.read_csv(project / "data" / "predictions" / f"{s}.csv") for s in ("validation", "test")}
+    launch(project, "stages.evaluate", ONE_PROCESS)
+    one = json.loads((project / "metrics" / "eval.json").read_text())
+
+    for split, examples in (("validation", 21), ("test", 19)):
+        assert two[split]["examples"] == one[split]["examples"] == examples  # each row counted once
+        assert (two[split]["accuracy"], two[split]["f1"]) == (one[split]["accuracy"], one[split]["f1"])
+        assert two[split]["loss"] == pytest.approx(one[split]["loss"], abs=1e-4)
+        predictions = pd.read_csv(project / "data" / "predictions" / f"{split}.csv")
+        assert predictions["idx"].tolist() == list(range(examples))
+        assert predictions["prediction"].tolist() == two_predictions[split]["prediction"].tolist()

@@ -1,0 +1,112 @@
+"""The loop's features on a tiny model: gradient accumulation, the no-decay group, warmup, best epoch, early stopping."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import BertConfig, BertModel
+
+import stages.train as train_module
+from stages.train import EarlyStopping, make_optimizer, train
+from tests.conftest import reset_accelerate, tiny_train_params
+
+
+@pytest.fixture(scope="module")
+def no_dropout_checkpoint(tiny_checkpoint, tokenizer, tmp_path_factory):
+    """The tiny BERT without dropout, so batches of different sizes see the same function."""
+    config = BertConfig.from_pretrained(tiny_checkpoint, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                        classifier_dropout=0.0)
+    folder = tmp_path_factory.mktemp("no-dropout")
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_accumulating_4_batches_of_2_equals_batches_of_8(no_dropout_checkpoint, tiny_tokenized, tmp_path):
+    p = tiny_train_params(epochs=2, batch_size=8, lr=1e-3, weight_decay=0.01, max_grad_norm=1.0, warmup_steps=0)
+    big = train(p, tiny_tokenized, no_dropout_checkpoint, tmp_path / "big")
+    reset_accelerate()
+    small = train(p.model_copy(update={"batch_size": 2, "gradient_accumulation_steps": 4}), tiny_tokenized,
+                  no_dropout_checkpoint, tmp_path / "accumulated")
+    assert small["steps"] == big["steps"] == 10  # 40 rows: 5 optimizer steps an epoch either way
+    assert small["train_samples"] == big["train_samples"] == 80
+    a, b = load_file(tmp_path / "big" / "model.safetensors"), load_file(tmp_path / "accumulated" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert small["mean_loss"] == pytest.approx(big["mean_loss"], abs=1e-4)
+
+
+def test_no_weight_decay_on_biases_and_layernorm(tiny_checkpoint):
+    from stages.modeling import load_classifier
+
+    model = load_classifier(tiny_checkpoint)
+    decay, no_decay = make_optimizer(model, tiny_train_params(weight_decay=0.1)).param_groups
+    names = {id(t): n for n, t in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(not names[id(t)].endswith("bias") and "LayerNorm" not in names[id(t)] for t in decay["params"])
+    assert {names[id(t)] for t in no_decay["params"]} >= {"classifier.bias", "bert.embeddings.LayerNorm.weight"}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_warmup_ratio_counts_optimizer_steps(tiny_tokenized, tiny_checkpoint, tmp_path):
+    live = tmp_path / "live"
+    train(tiny_train_params(epochs=2, warmup_steps=0, warmup_ratio=0.4, log_every=1, lr=1e-3), tiny_tokenized,
+          tiny_checkpoint, tmp_path / "m", live)
+    lrs = [float(line.split("\t")[-1]) for line in (live / "steps/plots/metrics/train/lr.tsv").read_text().splitlines()[1:]]
+    # 10 optimizer steps, 4 of warmup: the learning rate rises to its peak after step 4, then decays to 0
+    assert len(lrs) == 10 and max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) == 3
+    assert lrs[:4] == sorted(lrs[:4]) and lrs[3:] == sorted(lrs[3:], reverse=True) and lrs[-1] == 0.0
+
+
+@pytest.mark.parametrize("values,patience,threshold,stop_after,best", [
+    ([0.5, 0.6, 0.6, 0.59, 0.7], 2, 0.0, 4, 2),     # two epochs without improvement after epoch 2
+    ([0.5, 0.6, 0.605, 0.608, 0.62], 2, 0.01, 4, 2),  # gains of 0.005 and 0.008 are not above 0.01
+    ([0.5, 0.4, 0.6, 0.5, 0.5, 0.7], 2, 0.0, 5, 3),  # the counter restarts after an improvement
+    ([0.5, 0.4, 0.3], None, 0.0, None, 1),           # no patience: never stops
+])
+def test_early_stopping_on_a_scripted_metric(values, patience, threshold, stop_after, best):
+    stopping = EarlyStopping(mode="max", patience=patience, threshold=threshold)
+    stopped = None
+    for epoch, value in enumerate(values, start=1):
+        stopping.update(value, epoch)
+        if stopping.should_stop:
+            stopped = epoch
+            break
+    assert (stopped, stopping.best_epoch) == (stop_after, best)
+
+
+def test_loss_is_minimised():
+    stopping = EarlyStopping(mode="min", patience=1)
+    assert stopping.update(0.7, 1) and stopping.update(0.6, 2) and not stopping.update(0.65, 3)
+    assert stopping.should_stop and stopping.best_epoch == 2
+
+
+def test_training_stops_early_and_keeps_the_best_epoch(tiny_tokenized, tiny_checkpoint, tmp_path, monkeypatch):
+    f1_by_epoch = iter([0.5, 0.7, 0.6, 0.65, 0.9, 0.95])
+    evaluate_split = train_module.evaluate_split
+    saved = {}
+
+    def scripted(model, dataloader, accelerator, metric):
+        metrics, logits = evaluate_split(model, dataloader, accelerator, metric)
+        return {**metrics, "f1": next(f1_by_epoch)}, logits
+
+    def remember(accelerator, model, tokenizer, folder):  # the weights of each saved best epoch
+        saved[len(saved) + 1] = {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+        return save_model(accelerator, model, tokenizer, folder)
+
+    save_model = train_module.save_model
+    monkeypatch.setattr(train_module, "evaluate_split", scripted)
+    monkeypatch.setattr(train_module, "save_model", remember)
+    p = tiny_train_params(epochs=6, keep_best=True, early_stopping_patience=2)
+    metrics = train(p, tiny_tokenized, tiny_checkpoint, tmp_path / "m", checkpoints_dir=tmp_path / "checkpoints")
+    assert (metrics["epochs"], metrics["best_epoch"], metrics["stopped_early"]) == (4, 2, True)
+    assert metrics["best_validation_f1"] == 0.7 and metrics["steps"] == 4 * 5
+    kept = load_file(tmp_path / "m" / "model.safetensors")
+    best = saved[2]  # saved after epochs 1 and 2, the improvements
+    assert len(saved) == 2 and all(kept[k].equal(best[k]) for k in kept)
+    state = json.loads((tmp_path / "checkpoints" / "epoch-4" / "trainer_state.json").read_text())
+    assert state["stopping"]["bad_epochs"] == 2
