@@ -21,7 +21,7 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.e2e
 
 # What a clone holds that the pipeline needs (everything else is generated).
-PROJECT_FILES = ["stages", "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config", ".dvc/.gitignore",
+PROJECT_FILES = ["stages", "configs", "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config", ".dvc/.gitignore",
                  ".dvc/plots"]
 
 
