@@ -1,0 +1,131 @@
+"""Summarise DVC experiments by configuration: mean ± std of each metric over the seeds of one configuration.
+
+Not a pipeline stage: a command to run after a sweep. Experiments are read with ``dvc.api.exp_show`` (the data of
+`dvc exp show`); those whose params differ only in ``train.seed`` form one configuration.
+
+    dvc exp run --queue -S 'train.seed=42,1,2' -S train.lr=1e-4 -S 'evaluate.splits=[validation]'
+    dvc queue start
+    python -m stages.summarize --match 'r3-*' --out metrics/sweeps/round-3.json --md metrics/sweeps/round-3.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import logging
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from stages.common import write_json
+
+log = logging.getLogger("stages.summarize")
+
+# Params that never change a result (or that name where to resume), left out of the configuration.
+IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads"}
+METRICS = ["validation.accuracy", "validation.f1", "best_epoch", "epochs", "train_seconds", "wall_seconds"]
+TEST_METRICS = ["test.accuracy", "test.f1"]  # only with --with-test: a sweep selects on validation
+PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.")
+
+
+def load_experiments(patterns: list[str], num: int = 50) -> pd.DataFrame:
+    """One row per finished experiment whose name matches one of ``patterns`` (fnmatch), from `dvc exp show`.
+
+    ``num``: how many commits back (from HEAD) to look for experiments.
+
+    Raises:
+        SystemExit: no experiment matches.
+    """
+    import dvc.api
+
+    rows = [r for r in dvc.api.exp_show(num=num)
+            if r.get("Experiment") and r.get("State") in (None, "Success")
+            and any(fnmatch.fnmatch(r["Experiment"], p) for p in patterns)]
+    if not rows:
+        raise SystemExit(f"no finished experiment matches {patterns} in the last {num} commits (see `dvc exp show`)")
+    df = pd.DataFrame(rows).drop_duplicates("Experiment").set_index("Experiment").sort_index()
+    return df
+
+
+def summarize(df: pd.DataFrame, metrics: list[str] = METRICS) -> tuple[list[dict], list[str]]:
+    """Group experiments by their params except the seed; mean, std (sample, n-1) and values of each metric.
+
+    Returns:
+        ``(configurations, varying)``: one dict per configuration, best mean validation F1 first, with
+        ``params`` (the params that vary across ``df``), ``experiments``, ``seeds``, ``n`` and per metric
+        ``{"mean", "std", "values"}``; and the names of the varying params.
+    """
+    params = [c for c in df.columns if c.startswith(PARAM_PREFIXES) and c not in IGNORED_PARAMS]
+    as_text = df[params].astype(str)
+    varying = [c for c in params if as_text[c].nunique() > 1]
+    keys = as_text.apply(lambda row: tuple(row), axis=1)
+    configurations = []
+    for _, group in df.groupby(keys, sort=False):
+        entry = {"params": {c: _plain(group[c].iloc[0]) for c in varying},
+                 "experiments": list(group.index), "seeds": [int(s) for s in group["train.seed"]], "n": len(group)}
+        for metric in metrics:
+            if metric not in group or group[metric].isna().all():
+                continue
+            values = pd.to_numeric(group[metric], errors="coerce").dropna()
+            entry[metric] = {"mean": round(float(values.mean()), 4),
+                             "std": round(float(values.std(ddof=1)), 4) if len(values) > 1 else None,
+                             "values": [_plain(v) for v in values]}
+        configurations.append(entry)
+    configurations.sort(key=lambda c: -c.get("validation.f1", {}).get("mean", -math.inf))
+    return configurations, varying
+
+
+def markdown(configurations: list[dict], varying: list[str], metrics: list[str] = METRICS) -> str:
+    """A Markdown table: the varying params, n, seeds and ``mean ± std`` of each metric, best first."""
+    metrics = [m for m in metrics if any(m in c for c in configurations)]
+    header = [*varying, "n", "seeds", *metrics]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in configurations:
+        cells = [str(c["params"][p]) for p in varying] + [str(c["n"]), ",".join(map(str, c["seeds"]))]
+        for m in metrics:
+            s = c.get(m)
+            digits = 4 if m.endswith(("accuracy", "f1")) else 1
+            cells.append("" if s is None else f"{s['mean']:.{digits}f}" +
+                         (f" ± {s['std']:.{digits}f}" if s["std"] is not None else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plain(value):
+    """numpy scalars to Python ones, for JSON."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--match", action="append", required=True,
+                        help="experiment name pattern (fnmatch, e.g. 'r3-*'); repeat for several")
+    parser.add_argument("--num", type=int, default=50, help="commits back from HEAD to search (default 50)")
+    parser.add_argument("--out", type=Path, help="write the summary JSON here")
+    parser.add_argument("--md", type=Path, help="write the Markdown table here")
+    parser.add_argument("--with-test", action="store_true",
+                        help="also summarise test metrics (only for the chosen configuration: select on validation)")
+    args = parser.parse_args()
+
+    metrics = METRICS[:2] + TEST_METRICS + METRICS[2:] if args.with_test else METRICS
+    df = load_experiments(args.match, args.num)
+    configurations, varying = summarize(df, metrics)
+    table = markdown(configurations, varying, metrics)
+    print(table)
+    columns = [c for c in df.columns if c.startswith(PARAM_PREFIXES) or c in metrics]
+    experiments = {name: {c: _plain(v) for c, v in row.items() if c in columns and pd.notna(v)}
+                   for name, row in df.iterrows()}
+    if args.out:
+        write_json(args.out, {"match": args.match, "varying_params": varying, "configurations": configurations,
+                              "experiments": experiments})
+        log.info("Wrote %s", args.out)
+    if args.md:
+        args.md.parent.mkdir(parents=True, exist_ok=True)
+        args.md.write_text(table)
+        log.info("Wrote %s", args.md)
+
+
+if __name__ == "__main__":
+    main()

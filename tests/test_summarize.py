@@ -1,0 +1,26 @@
+"""The seed summary groups experiments that differ only in their seed: mean, sample std, values."""
+
+import pandas as pd
+import pytest
+
+from stages.summarize import markdown, summarize
+
+
+def test_seeds_of_one_configuration_are_summarised_together():
+    df = pd.DataFrame({
+        "train.lr": [1e-4, 1e-4, 1e-4, 2e-4],
+        "train.seed": [42, 1, 2, 42],
+        "train.epochs": [3, 3, 3, 3],
+        "validation.accuracy": [0.80, 0.82, 0.84, 0.79],
+        "validation.f1": [0.86, 0.87, 0.88, 0.90],
+        "best_epoch": [3, 2, 3, 3],
+    }, index=pd.Index(["a-42", "a-1", "a-2", "b-42"], name="Experiment"))
+    configurations, varying = summarize(df)
+    assert varying == ["train.lr"]  # epochs is the same everywhere, seed is never a configuration key
+    best, other = configurations  # best mean validation F1 first
+    assert best["params"] == {"train.lr": 2e-4} and best["n"] == 1 and best["validation.f1"]["std"] is None
+    assert other["seeds"] == [42, 1, 2] and other["experiments"] == ["a-42", "a-1", "a-2"]
+    assert other["validation.accuracy"]["mean"] == pytest.approx(0.82)
+    assert other["validation.accuracy"]["std"] == pytest.approx(0.02)  # sample std (n - 1)
+    table = markdown(configurations, varying)
+    assert "| 0.0001 | 3 | 42,1,2 | 0.8200 ± 0.0200 | 0.8700 ± 0.0100 | 2.7 ± 0.6 |" in table
