@@ -92,7 +92,8 @@ def check_forward(model, batch: dict) -> dict:
     with torch.no_grad():
         out = model(**batch)
     if tuple(out.logits.shape) != (batch["input_ids"].shape[0], 2):
-        raise CollateError(f"split=train batch=0 rule=forward-logits: logits {list(out.logits.shape)}, expected [batch, 2]")
+        raise CollateError(
+            f"split=train batch=0 rule=forward-logits: logits {list(out.logits.shape)}, expected [batch, 2]")
     if not torch.isfinite(out.loss):
         raise CollateError(f"split=train batch=0 rule=forward-loss: loss is {out.loss.item()}")
     return {"loss": round(out.loss.item(), 4), "logits_shape": list(out.logits.shape)}
@@ -111,9 +112,11 @@ def main() -> None:
     try:
         for split, loader in loaders.items():
             report[split] = check_split(loader, tokenizer, split, labeled=is_labeled(tokenized[split]))
-            log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"], 100 * report[split]["padding_fraction"])
+            log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"],
+                     100 * report[split]["padding_fraction"])
         torch.manual_seed(params.train.seed)
-        report["forward"] = check_forward(load_classifier(PRETRAINED_DIR, params.model.reinit_head).eval(), next(iter(loaders["train"])))
+        model = load_classifier(PRETRAINED_DIR, params.model.reinit_head).eval()
+        report["forward"] = check_forward(model, next(iter(loaders["train"])))
     except CollateError as err:
         log.error("collate-check failed: %s", err)
         sys.exit(1)

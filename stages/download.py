@@ -16,7 +16,16 @@ from datasets import DatasetDict, load_dataset_builder
 from datasets.exceptions import DatasetGenerationError, DatasetsError
 from transformers import AutoModel, AutoTokenizer
 
-from stages.common import METRICS_DIR, PRETRAINED_DIR, RAW_DIR, DataParams, atomic_dir, load_params, setup_logging, write_json
+from stages.common import (
+    METRICS_DIR,
+    PRETRAINED_DIR,
+    RAW_DIR,
+    DataParams,
+    atomic_dir,
+    load_params,
+    setup_logging,
+    write_json,
+)
 from stages.data import RAW_COLUMNS, SPLITS, DataError, check_raw, label_balance
 from stages.modeling import check_checkpoint
 from stages.sources import resolve_checkpoint, resolve_dataset

@@ -16,8 +16,22 @@ from accelerate import PartialState
 from datasets import load_from_disk
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from stages.common import (FINETUNED_DIR, LIVE_DIR, METRICS_DIR, PREDICTIONS_DIR, RAW_DIR, TOKENIZED_DIR, EvaluateParams,
-                           atomic_dir, load_params, make_accelerator, open_live, set_cpu_threads, setup_logging, write_json)
+from stages.common import (
+    FINETUNED_DIR,
+    LIVE_DIR,
+    METRICS_DIR,
+    PREDICTIONS_DIR,
+    RAW_DIR,
+    TOKENIZED_DIR,
+    EvaluateParams,
+    atomic_dir,
+    load_params,
+    make_accelerator,
+    open_live,
+    set_cpu_threads,
+    setup_logging,
+    write_json,
+)
 from stages.data import is_labeled, make_collator
 from stages.modeling import check_checkpoint, evaluate_split, evaluation_batches, load_metric
 

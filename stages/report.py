@@ -78,7 +78,8 @@ def write_report(base: str = "main", rev: str = WORKSPACE, out_dir: Path = Path(
              "## Params", "", params, "", "## Metrics", "", metrics, "", "## Plots", ""]
     for plot_id, path in images.items():
         lines += [f"### {plot_id.replace('_', ' ').capitalize()}", "", f"![{plot_id}]({path.relative_to(out_dir)})", ""]
-    lines += ["Regenerate: `python -m stages.report --base " + base + ("" if rev == WORKSPACE else f" --rev {rev}") + "`", ""]
+    rev_option = "" if rev == WORKSPACE else f" --rev {rev}"
+    lines += [f"Regenerate: `python -m stages.report --base {base}{rev_option}`", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))
     log.info("Wrote %s (%d plots)", report, len(images))

@@ -91,8 +91,9 @@ def _hub_snapshot(repo_id: str, repo_type: str, allow_patterns: list[str]) -> So
 def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source:
     """Find the dataset repo ``dataset`` (Hub id or local folder) and return a folder to ``load_dataset`` from.
 
-    A local folder (relative paths: see ``project_path``) is used as it is. A Hub id is downloaded (only the ``config`` files); when the Hub can't
-    be reached, ``local_copy`` (a folder laid out like the Hub repo) is used instead and a warning says so.
+    A local folder (relative paths: see ``project_path``) is used as it is. A Hub id is downloaded (only the
+    ``config`` files); when the Hub can't be reached, ``local_copy`` (a folder laid out like the Hub repo) is
+    used instead and a warning says so.
 
     Raises:
         SourceError: neither the Hub nor ``local_copy`` has it; the message names both.
@@ -108,7 +109,8 @@ def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source
         log.warning("=" * 70)
         log.warning("Dataset: Hub unreachable, using the LOCAL COPY %s instead of %s", local_copy, dataset)
         log.warning("=" * 70)
-        return Source(requested=dataset, kind="local", location=local_copy, path=str(project_path(local_copy).resolve()))
+        return Source(requested=dataset, kind="local", location=local_copy,
+                      path=str(project_path(local_copy).resolve()))
     fallback = (f"the local copy {local_copy!r} (params.yaml data.local_copy) is not a folder" if local_copy
                 else "no local copy is set (params.yaml data.local_copy: null)")
     raise SourceError(

@@ -8,7 +8,16 @@ from __future__ import annotations
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from stages.common import METRICS_DIR, PRETRAINED_DIR, RAW_DIR, TOKENIZED_DIR, atomic_dir, load_params, setup_logging, write_json
+from stages.common import (
+    METRICS_DIR,
+    PRETRAINED_DIR,
+    RAW_DIR,
+    TOKENIZED_DIR,
+    atomic_dir,
+    load_params,
+    setup_logging,
+    write_json,
+)
 from stages.data import length_stats, tokenize
 
 log = setup_logging()
@@ -24,7 +33,8 @@ def main() -> None:
         tokenized.save_to_disk(str(tmp))
     stats = {split: length_stats(ds, max_length) for split, ds in tokenized.items()}
     for split, s in stats.items():
-        log.info("%s: %d examples, tokens mean %.1f, max %d, truncated %d", split, s["examples"], s["mean"], s["max"], s["truncated"])
+        log.info("%s: %d examples, tokens mean %.1f, max %d, truncated %d", split, s["examples"], s["mean"], s["max"],
+                 s["truncated"])
     write_json(METRICS_DIR / "token_lengths.json", stats)
 
 

@@ -30,9 +30,25 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, get_scheduler
 from transformers.trainer_pt_utils import get_parameter_names
 
-from stages.common import (CHECKPOINTS_DIR, FINETUNED_DIR, LIVE_DIR, METRICS_DIR, PRETRAINED_DIR, TOKENIZED_DIR,
-                           EvaluateParams, TrainParams, atomic_dir, load_params, make_accelerator, open_live, peak_memory_mb,
-                           resolve_mixed_precision, set_cpu_threads, setup_logging, write_json)
+from stages.common import (
+    CHECKPOINTS_DIR,
+    FINETUNED_DIR,
+    LIVE_DIR,
+    METRICS_DIR,
+    PRETRAINED_DIR,
+    TOKENIZED_DIR,
+    EvaluateParams,
+    TrainParams,
+    atomic_dir,
+    load_params,
+    make_accelerator,
+    open_live,
+    peak_memory_mb,
+    resolve_mixed_precision,
+    set_cpu_threads,
+    setup_logging,
+    write_json,
+)
 from stages.data import make_collator, train_dataloader
 from stages.modeling import evaluate_split, evaluation_batches, load_classifier, load_metric
 
@@ -199,12 +215,12 @@ def train(p: TrainParams, tokenized_dir: Path, pretrained_dir: Path, output_dir:
     split is evaluated after every epoch (batched as ``evaluation`` says); ``output_dir`` gets the best epoch's
     weights with ``p.keep_best``, else the last epoch's.
 
-    ``reinit_head``: see ``load_classifier``. With ``checkpoints_dir``, every epoch ends with a checkpoint there (``save_checkpoint``) and, with
-    ``p.resume``, a run whose fingerprint (``run_fingerprint``) matches a checkpoint continues after its epoch,
-    with the same result as an uninterrupted run. With ``live_dir``, DVCLive logs go to ``live_dir/steps``
-    (``train/loss``: mean over the last ``p.log_every`` steps, ``train/lr``) and ``live_dir/epochs``
-    (``train/loss``, ``validation/{loss,accuracy,f1}``); they are written to a temp folder and moved into place at
-    the end.
+    ``reinit_head``: see ``load_classifier``. With ``checkpoints_dir``, every epoch ends with a checkpoint there
+    (``save_checkpoint``) and, with ``p.resume``, a run whose fingerprint (``run_fingerprint``) matches a
+    checkpoint continues after its epoch, with the same result as an uninterrupted run. With ``live_dir``, DVCLive
+    logs go to ``live_dir/steps`` (``train/loss``: mean over the last ``p.log_every`` steps, ``train/lr``) and
+    ``live_dir/epochs`` (``train/loss``, ``validation/{loss,accuracy,f1}``); they are written to a temp folder and
+    moved into place at the end.
 
     Returns:
         metrics: ``final_loss`` (mean train loss over the last epoch), ``mean_loss`` (over all steps), ``steps``
@@ -247,7 +263,8 @@ def train(p: TrainParams, tokenized_dir: Path, pretrained_dir: Path, output_dir:
     accelerator.register_for_checkpointing(lr_scheduler)
     log.info("Training up to %d optimizer steps (%d epochs of %d) on %d process(es) (%s), batch %d x %d accumulation, "
              "mixed precision %s, lr %g, %s schedule, %d warmup steps, %d CPU threads", num_training_steps, num_epochs,
-             steps_per_epoch, accelerator.num_processes, accelerator.device, p.batch_size, p.gradient_accumulation_steps,
+             steps_per_epoch, accelerator.num_processes, accelerator.device, p.batch_size,
+             p.gradient_accumulation_steps,
              mixed_precision, p.lr, p.scheduler, num_warmup_steps, threads)
 
     state = TrainerState(fingerprint=run_fingerprint(p, evaluation, tokenized_dir, pretrained_dir,
@@ -346,7 +363,8 @@ def train(p: TrainParams, tokenized_dir: Path, pretrained_dir: Path, output_dir:
         if accelerator.is_main_process:
             with atomic_dir(output_dir) as tmp:
                 shutil.copytree(best_dir, tmp, dirs_exist_ok=True)
-            log.info("Saved the model of epoch %d to %s", stopping.best_epoch if p.keep_best else state.epoch, output_dir)
+            kept_epoch = stopping.best_epoch if p.keep_best else state.epoch
+            log.info("Saved the model of epoch %d to %s", kept_epoch, output_dir)
         for live in (live_steps, live_epochs):
             if live:
                 live.end()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from datasets import DatasetDict
 
-from stages.data import DataError, check_raw, length_stats, tokenize, train_dataloader, make_collator
+from stages.data import DataError, check_raw, length_stats, make_collator, tokenize, train_dataloader
 
 
 def _replace(raw, split, column, row, value):

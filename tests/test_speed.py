@@ -12,8 +12,7 @@ from stages.common import EvaluateParams
 from stages.data import make_collator, train_dataloader
 from stages.evaluate import evaluate_model
 from stages.train import train
-from tests.conftest import reset_accelerate
-from tests.conftest import tiny_train_params
+from tests.conftest import reset_accelerate, tiny_train_params
 
 TINY_TRAIN = tiny_train_params()
 

@@ -10,10 +10,10 @@ from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoModelForSequenceClassification, pipeline
 
 from stages.common import EvaluateParams
-from tests.conftest import tiny_train_params
 from stages.evaluate import evaluate_model
 from stages.modeling import load_metric
 from stages.train import train
+from tests.conftest import tiny_train_params
 
 TINY_TRAIN = tiny_train_params()
 
