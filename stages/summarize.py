@@ -93,8 +93,9 @@ def markdown(configurations: list[dict], varying: list[str], metrics: list[str] 
 
 
 def _plain(value):
-    """numpy scalars to Python ones, for JSON."""
-    return value.item() if hasattr(value, "item") else value
+    """numpy scalars to Python ones for JSON; whole floats (pandas turns int columns with gaps into floats) to int."""
+    value = value.item() if hasattr(value, "item") else value
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def main() -> None:
