@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 from ruamel.yaml import YAML, YAMLError
 
 PARAMS_FILE = Path("params.yaml")
@@ -88,6 +88,12 @@ class TrainParams(_Section):
     adamw_impl: Literal["default", "foreach", "fused"]  # torch.optim.AdamW implementation
     torch_compile: StrictBool
     num_threads: PositiveInt | None  # torch.set_num_threads on CPU (null: torch's default)
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _unquoted_no(cls, value):
+        # YAML 1.1 readers and writers (PyYAML, some editors and tools) turn an unquoted `no` into false.
+        return "no" if value is False else value
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainParams":

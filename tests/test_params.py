@@ -133,3 +133,6 @@ def test_params_written_by_dvc_exp_run_are_read_as_yaml_1_2(tmp_path):
     path.write_text(text.replace("mixed_precision: auto", "mixed_precision: no"))
     params = load_params(path)
     assert (params.train.lr, params.train.mixed_precision) == (3e-5, "no")
+    # The same file rewritten by a YAML 1.1 tool holds `mixed_precision: false`: still 'no'.
+    path.write_text(text.replace("mixed_precision: auto", "mixed_precision: false"))
+    assert load_params(path).train.mixed_precision == "no"

@@ -140,7 +140,8 @@ def test_exp_run_and_a_queued_sweep_show_in_exp_show(project):
     exp = dvc(root, env, "exp", "run", "-S", "train.lr=3e-4", "--name", "lr-3e-4")
     assert "Running stage 'train'" in exp.stdout and "Running stage 'evaluate'" in exp.stdout
     assert "Running stage 'tokenize'" not in exp.stdout and "Running stage 'download'" not in exp.stdout
-    dvc(root, env, "exp", "run", "-S", "train.warmup_steps=1", "-S", "train.mixed_precision=no", "--name", "warmup-1")
+    dvc(root, env, "exp", "run", "-S", "train.warmup_steps=1", "-S", "train.warmup_ratio=0", "-S", "train.mixed_precision=no",
+        "--name", "warmup-1")
     dvc(root, env, "exp", "run", "--queue", "-S", "train.lr=1e-4,2e-4")
     dvc(root, env, "exp", "run", "--run-all")
 
