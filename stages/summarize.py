@@ -22,8 +22,8 @@ from stages.common import write_json
 
 log = logging.getLogger("stages.summarize")
 
-# Params that never change a result (or that name where to resume), left out of the configuration.
-IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads"}
+# Params that never change a validation result, left out of the configuration (the seed is what varies within one).
+IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads", "evaluate.splits"}
 METRICS = ["validation.accuracy", "validation.f1", "best_epoch", "epochs", "train_seconds", "wall_seconds"]
 TEST_METRICS = ["test.accuracy", "test.f1"]  # only with --with-test: a sweep selects on validation
 PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.")
