@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -121,12 +122,24 @@ class TrainerState:
     stopping: dict = field(default_factory=dict)  # EarlyStopping fields
 
 
+def code_digest() -> str:
+    """sha256 of the source of every loaded module of the ``stages`` package (the code a run executes)."""
+    digest = hashlib.sha256()
+    modules = {name: module for name, module in sys.modules.items() if name == "stages" or name.startswith("stages.")}
+    for name in sorted(modules):
+        path = getattr(modules[name], "__file__", None)
+        if path:
+            digest.update(name.encode() + b"\0" + Path(path).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def run_fingerprint(p: TrainParams, evaluation: EvaluateParams, tokenized_dir: Path, pretrained_dir: Path,
                     num_processes: int) -> str:
     """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
 
     Covers the train params (except ``resume``, ``log_every``), the evaluation batching, the number of processes,
-    the tokenized data (datasets' fingerprint of each split) and the pretrained checkpoint's config and weights' sizes.
+    the tokenized data (datasets' fingerprint of each split), the pretrained checkpoint's config and weights' sizes,
+    and the code (``code_digest``): a run is never continued by changed training code.
     """
     tokenized = load_from_disk(str(tokenized_dir))
     weights = sorted((f.name, f.stat().st_size) for f in Path(pretrained_dir).glob("*.safetensors"))
@@ -137,6 +150,7 @@ def run_fingerprint(p: TrainParams, evaluation: EvaluateParams, tokenized_dir: P
         "data": {split: ds._fingerprint for split, ds in tokenized.items()},
         "config": (Path(pretrained_dir) / "config.json").read_text(),
         "weights": weights,
+        "code": code_digest(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -125,3 +125,19 @@ def test_changed_params_start_afresh_instead_of_resuming(project_template, tmp_p
     log = run_train(project)
     assert "Resuming" not in log
     assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_epoch"] == 0
+
+
+def test_changed_code_changes_the_run_fingerprint(tmp_path, monkeypatch):
+    # A checkpoint written by other training code is not continued: the fingerprint covers the stages' source.
+    import types
+
+    from stages.train import code_digest
+
+    module = types.ModuleType("stages._probe")
+    module.__file__ = str(tmp_path / "_probe.py")
+    (tmp_path / "_probe.py").write_text("LR_SCALE = 1\n")
+    monkeypatch.setitem(sys.modules, "stages._probe", module)
+    before = code_digest()
+    assert code_digest() == before
+    (tmp_path / "_probe.py").write_text("LR_SCALE = 2\n")
+    assert code_digest() != before
