@@ -17,7 +17,7 @@ def test_committed_params_hold_the_chosen_defaults():
     # Chosen on validation by the sweep (README, "How the defaults were chosen"; metrics/sweeps/).
     assert (p.train.epochs, p.train.batch_size, p.train.lr, p.train.warmup_ratio, p.train.weight_decay) == (
         3, 16, 1e-4, 0.06, 0.01)
-    assert (p.train.scheduler, p.train.seed, p.train.metric_for_best, p.train.keep_best) == ("linear", 42, "f1", True)
+    assert (p.train.scheduler, p.train.seed, p.train.metric_for_best, p.train.keep_best) == ("cosine", 42, "f1", True)
     assert (p.train.group_by_length, p.train.adamw_impl, p.train.mixed_precision, p.train.torch_compile) == (
         True, "fused", "auto", False)
     assert (p.data.dataset, p.data.config) == ("nyu-mll/glue", "mrpc")
