@@ -9,7 +9,9 @@ and the project's training FLOP/s is reported as a fraction of it.
     python -m benchmarks.benchmark --mode short   # 40 optimizer steps per way, a few minutes
     python -m benchmarks.benchmark --mode full    # whole runs (3 epochs each)
 
-Needs data/raw and models/pretrained (`dvc repro tokenize`). Writes benchmarks/results.json and
+The project's way calls the stages themselves (tokenize, train, evaluate on validation) in a temporary project
+whose params are params.yaml with the benchmark's overrides, validated like params.yaml.
+Needs data/raw and models/pretrained (`dvc repro download`). Writes benchmarks/results.json and
 benchmarks/RESULTS.md (full mode) or benchmarks/results-short.json and RESULTS-short.md (short mode).
 """
 
@@ -27,9 +29,12 @@ from pathlib import Path
 
 import torch
 
-from stages.common import PRETRAINED_DIR, RAW_DIR, load_params, peak_memory_mb
+from finetune.params import Paths, load_params, with_overrides
+from finetune.runtime import peak_memory_mb
+from finetune.tables import markdown_table
 
 HERE = Path(__file__).parent
+RAW_DIR, PRETRAINED_DIR = Paths().raw, Paths().pretrained
 WAYS = ["course_loop", "trainer", "project"]
 SHORT_STEPS = 40
 
@@ -44,7 +49,7 @@ def course_loop(max_steps: int | None) -> dict:
     from tqdm.auto import tqdm
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, get_scheduler
 
-    from stages.modeling import load_metric
+    from finetune.evaluation import load_metric
 
     start = time.perf_counter()
     raw_datasets = load_from_disk(str(RAW_DIR))
@@ -110,7 +115,7 @@ def trainer(max_steps: int | None) -> dict:
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
                               TrainingArguments)
 
-    from stages.modeling import load_metric
+    from finetune.evaluation import load_metric
 
     start = time.perf_counter()
     raw = load_from_disk(str(RAW_DIR))
@@ -143,41 +148,38 @@ def trainer(max_steps: int | None) -> dict:
 
 
 def project(max_steps: int | None, overrides: dict | None = None) -> dict:
-    """The project's tokenize, train and evaluate code with params.yaml (its default speed settings).
+    """The project's own stages with params.yaml (its defaults), in a temporary project linked to data/raw and
+    models/pretrained: tokenize, train, evaluate on validation.
 
-    ``overrides``: ``{"train": {...}, "evaluate": {...}}`` applied on top of params.yaml (for the ablation).
+    ``overrides``: ``{"train": {...}, "evaluate": {...}}`` applied on top of params.yaml (the ablation), validated.
+
+    Raises:
+        ParamsError: an override names an unknown key or gives a bad value.
     """
-    from accelerate import Accelerator
-    from datasets import load_from_disk
-    from transformers import AutoTokenizer
+    from finetune.training import train
+    from stages.evaluate import evaluate_model
+    from stages.tokenize import tokenize_splits
 
-    from stages.data import make_collator, tokenize
-    from stages.modeling import evaluate_split, evaluation_batches, load_classifier, load_metric
-    from stages.train import train
-
-    params = load_params()
-    overrides = overrides or {}
-    params = params.model_copy(update={section: getattr(params, section).model_copy(update=values)
-                                       for section, values in overrides.items()})
+    changes = {section: dict(values) for section, values in (overrides or {}).items()}
+    changes.setdefault("evaluate", {})["splits"] = ["validation"]
+    if max_steps:
+        changes.setdefault("train", {})["max_steps"] = max_steps
+    params = with_overrides(load_params(), changes, source="benchmark overrides")
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
     with tempfile.TemporaryDirectory() as tmp:
-        tokenized_dir = Path(tmp) / "tokenized"
-        tokenize(load_from_disk(str(RAW_DIR)), tokenizer, params.tokenize.max_length or tokenizer.model_max_length
-                 ).save_to_disk(str(tokenized_dir))
-        p = params.train.model_copy(update={"max_steps": max_steps}) if max_steps else params.train
-        metrics = train(p, tokenized_dir, PRETRAINED_DIR, Path(tmp) / "model", evaluation=params.evaluate)
-        accelerator = Accelerator()
-        model = accelerator.prepare(load_classifier(Path(tmp) / "model"))
-        loader, _ = evaluation_batches(load_from_disk(str(tokenized_dir))["validation"], make_collator(tokenizer),
-                                       params.evaluate)
-        result, _ = evaluate_split(model, accelerator.prepare(loader), accelerator, load_metric())
+        paths = Paths(Path(tmp))
+        for link, target in ((paths.raw, RAW_DIR), (paths.pretrained, PRETRAINED_DIR)):
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target.resolve(), target_is_directory=True)
+        tokenize_splits(params, paths)
+        metrics = train(params, paths)
+        result = evaluate_model(params, paths)["validation"]
     return {"samples": metrics["train_samples"], "real_tokens": metrics["real_tokens"], "steps": metrics["steps"],
             "train_seconds": metrics["train_seconds"], "padding_fraction": metrics["padding_fraction"],
             "wall_s": time.perf_counter() - start, "accuracy": result["accuracy"], "f1": result["f1"],
-            "settings": {k: v for k, v in p.model_dump().items()
-                         if k in ("batch_size", "lr", "mixed_precision", "group_by_length", "adamw_impl",
-                                  "torch_compile", "num_threads")}}
+            "settings": {k: v for k, v in params.train.model_dump().items()
+                         if k in ("batch_size", "lr", "scheduler", "warmup_ratio", "mixed_precision", "group_by_length",
+                                  "adamw_impl", "torch_compile", "num_threads")}}
 
 
 def _sync() -> None:
@@ -261,9 +263,10 @@ def ablation() -> None:
              f"Machine: {machine()['cpu']}, {machine()['cores']} threads", "",
              f"The project's loop with the course's settings (batch 8, fp32, random batches, default AdamW), then each "
              f"setting alone, then all but torch.compile; {SHORT_STEPS} optimizer steps each, train samples/s.", "",
-             "| variant | train samples/s | ratio | padding fraction | train s |", "|---|---|---|---|---|"]
-    lines += [f"| {n} | {sps:.1f} | {sps / base:.2f}x | {pad:.3f} | {sec:.1f} |" for n, sps, pad, sec in rows]
-    (HERE / "ABLATION.md").write_text("\n".join(lines) + "\n")
+             markdown_table(["variant", "train samples/s", "ratio", "padding fraction", "train s"],
+                            [[n, f"{sps:.1f}", f"{sps / base:.2f}x", f"{pad:.3f}", f"{sec:.1f}"]
+                             for n, sps, pad, sec in rows])]
+    (HERE / "ABLATION.md").write_text("\n".join(lines))
     print((HERE / "ABLATION.md").read_text())
 
 
@@ -282,11 +285,12 @@ def report(records: list[dict], ceiling: dict, mode: str, command: str) -> str:
     lines = [f"# Benchmark ({mode} mode)", "",
              f"Command: `{command}`  ", f"Date: {date.today().isoformat()}  ",
              f"Machine: {info['cpu']}, {info['cores']} threads, torch {info['torch']}" + (f", {info['gpu']}" if "gpu" in info else ""),
-             "", "| way | train samples/s | wall s | peak RSS MB | val accuracy | val F1 | samples/s ratio | wall ratio |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in records:
-        lines.append(f"| {r['name']} | {r['samples_per_s']:.1f} | {r['wall_s']:.0f} | {r['peak_rss_mb']:.0f} | "
-                     f"{r['accuracy']:.4f} | {r['f1']:.4f} | {r['ratio_to_course_loop']:.2f}x | {r['wall_ratio_to_course_loop']:.2f} |")
+             "", markdown_table(
+                 ["way", "train samples/s", "wall s", "peak RSS MB", "val accuracy", "val F1", "samples/s ratio",
+                  "wall ratio"],
+                 [[r["name"], f"{r['samples_per_s']:.1f}", f"{r['wall_s']:.0f}", f"{r['peak_rss_mb']:.0f}",
+                   f"{r['accuracy']:.4f}", f"{r['f1']:.4f}", f"{r['ratio_to_course_loop']:.2f}x",
+                   f"{r['wall_ratio_to_course_loop']:.2f}"] for r in records]).rstrip()]
     lines += ["", f"Matmul ceiling (2048², best of 10): fp32 {ceiling['fp32_gflops']:.0f} GFLOP/s, bf16 "
               f"{ceiling['bf16_gflops']:.0f} GFLOP/s."]
     for r in records:

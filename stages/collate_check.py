@@ -1,28 +1,26 @@
 """Stage 3, collate-check: every batch that training and evaluation will see obeys the dynamic-padding rules.
 
-Builds the DataLoaders with the same code as training (stages.data) and checks every batch of every split,
+Builds the DataLoaders with the same code as training (finetune.batches) and checks every batch of every split,
 then runs one forward pass of the pretrained model. Writes metrics/collate_check.json; any broken rule exits
 non-zero with a message naming the split, the batch and the rule.
 """
 
 from __future__ import annotations
 
-import sys
+import logging
 
 import torch
 from datasets import load_from_disk
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from stages.common import METRICS_DIR, PRETRAINED_DIR, TOKENIZED_DIR, load_params, setup_logging, write_json
-from stages.data import is_labeled, make_collator, train_dataloader
-from stages.modeling import evaluation_batches, load_classifier
+from finetune.batches import evaluation_batches, make_collator, train_dataloader
+from finetune.data import is_labeled
+from finetune.errors import CollateError
+from finetune.modeling import load_classifier
+from finetune.params import Params, Paths, load_params
+from finetune.runtime import run_stage, write_json
 
-log = setup_logging()
-
-
-class CollateError(AssertionError):
-    """A batch breaks a rule; the message names split, batch index and rule."""
-
+log = logging.getLogger(__name__)
 
 def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, labeled: bool = True) -> None:
     """Check one collated batch; ``where`` (e.g. "split=train batch=3") prefixes any error.
@@ -99,30 +97,35 @@ def check_forward(model, batch: dict) -> dict:
     return {"loss": round(out.loss.item(), 4), "logits_shape": list(out.logits.shape)}
 
 
-def main() -> None:
-    params = load_params()
-    tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
+def check_all(params: Params, paths: Paths) -> dict:
+    """Check every batch of train and of ``evaluate.splits``, then one forward pass; return the report.
+
+    Raises:
+        CollateError: at the first broken rule, naming split, batch and rule.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
     collator = make_collator(tokenizer)
-    tokenized = load_from_disk(str(TOKENIZED_DIR))
+    tokenized = load_from_disk(str(paths.tokenized))
     loaders = {"train": train_dataloader(tokenized["train"], collator, params.train.batch_size, params.train.seed,
                                          params.train.group_by_length)}
     for split in params.evaluate.splits:
         loaders[split], _ = evaluation_batches(tokenized[split], collator, params.evaluate)
     report = {}
-    try:
-        for split, loader in loaders.items():
-            report[split] = check_split(loader, tokenizer, split, labeled=is_labeled(tokenized[split]))
-            log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"],
-                     100 * report[split]["padding_fraction"])
-        torch.manual_seed(params.train.seed)
-        model = load_classifier(PRETRAINED_DIR, params.model.reinit_head).eval()
-        report["forward"] = check_forward(model, next(iter(loaders["train"])))
-    except CollateError as err:
-        log.error("collate-check failed: %s", err)
-        sys.exit(1)
+    for split, loader in loaders.items():
+        report[split] = check_split(loader, tokenizer, split, labeled=is_labeled(tokenized[split]))
+        log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"],
+                 100 * report[split]["padding_fraction"])
+    torch.manual_seed(params.train.seed)
+    model = load_classifier(paths.pretrained, params.model.reinit_head).eval()
+    report["forward"] = check_forward(model, next(iter(loaders["train"])))
     log.info("Forward pass OK: loss %.4f, logits %s", report["forward"]["loss"], report["forward"]["logits_shape"])
-    write_json(METRICS_DIR / "collate_check.json", report)
+    return report
+
+
+def main() -> None:
+    paths = Paths()
+    write_json(paths.metrics / "collate_check.json", check_all(load_params(), paths))
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

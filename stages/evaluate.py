@@ -9,70 +9,45 @@ dvclive/evaluate/plots/sklearn/<split>/.
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
+import logging
 
 import numpy as np
 from accelerate import PartialState
 from datasets import load_from_disk
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from stages.common import (
-    FINETUNED_DIR,
-    LIVE_DIR,
-    METRICS_DIR,
-    PREDICTIONS_DIR,
-    RAW_DIR,
-    TOKENIZED_DIR,
-    EvaluateParams,
-    atomic_dir,
-    load_params,
-    make_accelerator,
-    open_live,
-    set_cpu_threads,
-    setup_logging,
-    write_json,
-)
-from stages.data import is_labeled, make_collator
-from stages.modeling import check_checkpoint, evaluate_split, evaluation_batches, load_metric
+from finetune.batches import evaluation_batches, make_collator
+from finetune.data import is_labeled
+from finetune.live import log_plots, open_live
+from finetune.evaluation import evaluate_split, load_metric
+from finetune.params import Params, Paths, load_params
+from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
+from finetune.sources import check_checkpoint
 
-log = setup_logging()
+log = logging.getLogger(__name__)
 
 
-def log_plots(live, split: str, labels, predictions, probabilities) -> None:
-    """Confusion matrix, precision-recall and ROC curves of one split, with DVCLive's ``log_sklearn_plot``.
-
-    ``labels`` and ``predictions`` are 0/1 arrays ``[examples]``; ``probabilities`` is P(equivalent) ``[examples]``.
-    Files land in ``<live dir>/plots/sklearn/<split>/{confusion_matrix,precision_recall,roc}.json``; dvc.yaml
-    declares how they are drawn.
-    """
-    live.log_sklearn_plot("confusion_matrix", labels, predictions, name=f"{split}/confusion_matrix.json")
-    live.log_sklearn_plot("precision_recall", labels, probabilities, name=f"{split}/precision_recall.json",
-                          drop_intermediate=True)
-    live.log_sklearn_plot("roc", labels, probabilities, name=f"{split}/roc.json", drop_intermediate=True)
-
-
-def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_dir: Path, predictions_dir: Path,
-                   live_dir: Path | None = None) -> dict:
-    """Evaluate ``model_dir`` on ``p.splits``; write one predictions CSV per split into ``predictions_dir``.
-
-    With ``live_dir``, each labeled split's confusion matrix, PR and ROC data are logged there (``log_plots``).
+def evaluate_model(params: Params, paths: Paths) -> dict:
+    """Evaluate ``paths.finetuned`` on ``evaluate.splits``; write one predictions CSV per split into
+    ``paths.predictions`` and each labeled split's confusion matrix, PR and ROC data into ``paths.eval_logs``.
 
     Returns:
-        ``{split: {"accuracy", "f1", "loss", "examples"}}`` for each labeled split (an unlabeled split only
+        ``{split: {"loss", "accuracy", "f1", "examples"}}`` for each labeled split (an unlabeled split only
         gets its predictions file and ``{"examples": n}``).
     """
+    p = params.evaluate
     set_cpu_threads(None)
     accelerator = make_accelerator()
-    check_checkpoint(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(model_dir))
+    check_checkpoint(paths.finetuned)
+    tokenizer = AutoTokenizer.from_pretrained(paths.finetuned)
+    model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(paths.finetuned))
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
-    tokenized, raw = load_from_disk(str(tokenized_dir)), load_from_disk(str(raw_dir))
+    tokenized, raw = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw))
     collator = make_collator(tokenizer)
     results = {}
-    live_ctx = atomic_dir(live_dir) if live_dir is not None and main else contextlib.nullcontext()
-    with atomic_dir(predictions_dir) if main else contextlib.nullcontext() as tmp, live_ctx as live_tmp:
-        live = open_live(live_tmp) if live_tmp is not None else None
+    with (atomic_dir(paths.predictions) if main else contextlib.nullcontext()) as tmp, \
+            (atomic_dir(paths.eval_logs) if main else contextlib.nullcontext()) as live_tmp:
+        live = open_live(live_tmp) if main else None
         for split in p.splits:
             labeled = is_labeled(tokenized[split])
             dataloader, order = evaluation_batches(tokenized[split], collator, p)
@@ -98,11 +73,11 @@ def evaluate_model(p: EvaluateParams, model_dir: Path, tokenized_dir: Path, raw_
 
 
 def main() -> None:
-    params = load_params().evaluate
-    results = evaluate_model(params, FINETUNED_DIR, TOKENIZED_DIR, RAW_DIR, PREDICTIONS_DIR, LIVE_DIR / "evaluate")
+    paths = Paths()
+    results = evaluate_model(load_params(), paths)
     if PartialState().is_main_process:
-        write_json(METRICS_DIR / "eval.json", results)
+        write_json(paths.metrics / "eval.json", results)
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

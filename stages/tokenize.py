@@ -5,38 +5,37 @@ Writes data/tokenized/ (Arrow, DatasetDict.save_to_disk) and metrics/token_lengt
 
 from __future__ import annotations
 
+import logging
+
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from stages.common import (
-    METRICS_DIR,
-    PRETRAINED_DIR,
-    RAW_DIR,
-    TOKENIZED_DIR,
-    atomic_dir,
-    load_params,
-    setup_logging,
-    write_json,
-)
-from stages.data import length_stats, tokenize
+from finetune.data import length_stats, tokenize
+from finetune.params import Params, Paths, load_params
+from finetune.runtime import atomic_dir, run_stage, write_json
 
-log = setup_logging()
+log = logging.getLogger(__name__)
 
 
-def main() -> None:
-    params = load_params().tokenize
-    tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
-    max_length = params.max_length or tokenizer.model_max_length
-    log.info("Tokenizing %s with %s (truncation at %d tokens)", RAW_DIR, type(tokenizer).__name__, max_length)
-    tokenized = tokenize(load_from_disk(str(RAW_DIR)), tokenizer, max_length)
-    with atomic_dir(TOKENIZED_DIR) as tmp:
+def tokenize_splits(params: Params, paths: Paths) -> dict:
+    """Tokenize every split of ``paths.raw`` into ``paths.tokenized``; return token-length stats per split."""
+    tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
+    max_length = params.tokenize.max_length or tokenizer.model_max_length
+    log.info("Tokenizing %s with %s (truncation at %d tokens)", paths.raw, type(tokenizer).__name__, max_length)
+    tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length)
+    with atomic_dir(paths.tokenized) as tmp:
         tokenized.save_to_disk(str(tmp))
     stats = {split: length_stats(ds, max_length) for split, ds in tokenized.items()}
     for split, s in stats.items():
         log.info("%s: %d examples, tokens mean %.1f, max %d, truncated %d", split, s["examples"], s["mean"], s["max"],
                  s["truncated"])
-    write_json(METRICS_DIR / "token_lengths.json", stats)
+    return stats
+
+
+def main() -> None:
+    paths = Paths()
+    write_json(paths.metrics / "token_lengths.json", tokenize_splits(load_params(), paths))
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -9,41 +9,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from datasets import Dataset
 from transformers import BertConfig, BertForSequenceClassification
 
-from stages.common import ID2LABEL, DataParams
-from stages.data import SPLITS, DataError
+from finetune.data import SPLITS
+from finetune.errors import CheckpointError, DataError, SourceError
+from finetune.modeling import ID2LABEL, load_classifier
+from finetune.params import DataParams
 from stages.download import download_checkpoint, download_dataset
-from stages.modeling import CheckpointError, load_classifier
-from stages.sources import SourceError
-from tests.conftest import make_split
-
-
-def write_hub_folder(root: Path, splits: dict | None, config: str = "mrpc") -> Path:
-    """``root`` laid out like the Hub repo: ``<config>/<split>-00000-of-00001.parquet`` and a README.md whose
-    ``configs:`` header lists the splits. ``splits`` maps a split to a DataFrame or Dataset (written as parquet),
-    bytes (the file's raw content) or None (listed in the README, no file). ``{}``: an empty folder;
-    None: no folder at all.
-    """
-    if splits is None:
-        return root
-    root.mkdir(parents=True)
-    if not splits:
-        return root
-    (root / config).mkdir()
-    for split, data in splits.items():
-        file = root / config / f"{split}-00000-of-00001.parquet"
-        if isinstance(data, bytes):
-            file.write_bytes(data)
-        elif isinstance(data, Dataset):
-            data.to_parquet(str(file))
-        elif data is not None:
-            data.to_parquet(file, index=False)
-    header = ["---", "configs:", f"- config_name: {config}", "  data_files:"]
-    header += [f"  - split: {split}\n    path: {config}/{split}-*" for split in splits]
-    (root / "README.md").write_text("\n".join([*header, "---", "", "Test data."]))
-    return root
+from tests.helpers import make_split, write_hub_folder
 
 
 def with_cell(splits: dict, split: str, row: int, column: str, value) -> dict:

@@ -5,9 +5,10 @@ import torch
 from datasets import load_from_disk
 from transformers import DataCollatorWithPadding
 
-from stages.collate_check import CollateError, check_batch, check_forward, check_split
-from stages.data import eval_dataloader, make_collator, train_dataloader
-from stages.modeling import load_classifier
+from finetune.batches import eval_dataloader, make_collator, train_dataloader
+from finetune.errors import CollateError
+from finetune.modeling import load_classifier
+from stages.collate_check import check_batch, check_forward, check_split
 
 
 @pytest.fixture(scope="module")

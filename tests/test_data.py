@@ -4,7 +4,9 @@ import pytest
 import torch
 from datasets import DatasetDict
 
-from stages.data import DataError, check_raw, length_stats, make_collator, tokenize, train_dataloader
+from finetune.batches import make_collator, train_dataloader
+from finetune.data import check_raw, length_stats, tokenize
+from finetune.errors import DataError
 
 
 def _replace(raw, split, column, row, value):
@@ -81,7 +83,7 @@ def test_evaluation_batches_leave_the_global_rng_alone(tiny_tokenized, tokenizer
     # Validation between epochs must not shift the dropout masks of the following epochs.
     from datasets import load_from_disk
 
-    from stages.data import eval_dataloader
+    from finetune.batches import eval_dataloader
 
     loader = eval_dataloader(load_from_disk(str(tiny_tokenized))["validation"], make_collator(tokenizer), 8)
     state = torch.get_rng_state()

@@ -4,45 +4,29 @@ one process on the same weights, also when a split does not divide by the global
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO, make_project, python, run, tiny_params
 
 CPU_2PROC = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
 ONE_PROCESS = REPO / "configs" / "accelerate" / "default.yaml"
 
 
-def launch(project: Path, module: str, config: Path) -> str:
+def launch(project, module: str, config) -> str:
     """`accelerate launch --config_file config -m module` in ``project``; returns its output."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", module]
-    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return done.stdout + done.stderr
+    return run(python("-m", "accelerate.commands.launch", "--config_file", str(config), "-m", module), project,
+               timeout=300)
 
 
 @pytest.fixture(scope="module")
-def project(tiny_raw, tiny_tokenized, tiny_checkpoint, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("distributed")
-    tiny_raw.save_to_disk(str(root / "data" / "raw"))
-    shutil.copytree(tiny_tokenized, root / "data" / "tokenized")
-    shutil.copytree(tiny_checkpoint, root / "models" / "pretrained")
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["train"].update(seed=5, epochs=2, max_steps=None, batch_size=4, lr=1e-3, warmup_ratio=0.0, warmup_steps=0,
-                           early_stopping_patience=None, mixed_precision="no", group_by_length=False,
-                           adamw_impl="default", accelerate_config=str(CPU_2PROC), num_threads=1)
+def project(tiny_raw, tiny_checkpoint, tmp_path_factory):
     # validation has 21 rows, test 19: neither divides by the global batch of 2 processes x 4
-    params["evaluate"].update(batch_size=4, sort_by_length=True, splits=["validation", "test"])
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    return root
+    params = tiny_params(train={"seed": 5, "batch_size": 4, "warmup_steps": 0, "accelerate_config": str(CPU_2PROC),
+                                "num_threads": 1},
+                         evaluate={"batch_size": 4, "sort_by_length": True, "splits": ["validation", "test"]})
+    return make_project(tmp_path_factory.mktemp("distributed") / "p", params, tiny_raw, tiny_checkpoint).root
 
 
 def test_two_processes_train_with_a_shared_schedule(project):

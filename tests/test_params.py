@@ -5,8 +5,9 @@ import copy
 import pytest
 import yaml
 
-from stages.common import ParamsError, load_params
-from tests.conftest import REPO
+from finetune.errors import ParamsError
+from finetune.params import load_params
+from tests.helpers import REPO
 
 GOOD = yaml.safe_load((REPO / "params.yaml").read_text())
 
@@ -27,7 +28,7 @@ def test_committed_params_hold_the_chosen_defaults():
 def test_auto_mixed_precision_follows_the_hardware():
     import torch
 
-    from stages.common import resolve_mixed_precision
+    from finetune.runtime import resolve_mixed_precision
 
     for choice in ("no", "fp16", "bf16"):
         assert resolve_mixed_precision(choice) == choice
@@ -136,3 +137,12 @@ def test_params_written_by_dvc_exp_run_are_read_as_yaml_1_2(tmp_path):
     # The same file rewritten by a YAML 1.1 tool holds `mixed_precision: false`: still 'no'.
     path.write_text(text.replace("mixed_precision: auto", "mixed_precision: false"))
     assert load_params(path).train.mixed_precision == "no"
+
+
+def test_overrides_are_validated_like_params_yaml():
+    from finetune.params import with_overrides
+
+    params = load_params(REPO / "params.yaml")
+    assert with_overrides(params, {"train": {"lr": 3e-5}}).train.lr == 3e-5
+    with pytest.raises(ParamsError, match=r"^benchmark: train.batch_sise: Extra inputs are not permitted"):
+        with_overrides(params, {"train": {"batch_sise": 8}}, source="benchmark")

@@ -7,66 +7,34 @@ Stages run as `python -m stages.<name>` exactly as for a user; the venv's bin fo
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import dvc, make_project, python, run, tiny_params
 
 pytestmark = pytest.mark.e2e
 
-# What a clone holds that the pipeline needs (everything else is generated).
-PROJECT_FILES = ["stages", "configs", "dvc.yaml", "params.yaml", ".dvcignore", ".gitignore", ".dvc/config", ".dvc/.gitignore",
-                 ".dvc/plots"]
-
-
-def run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-    return result
-
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, hub_layout_dataset, tiny_checkpoint):
-    """A git repo holding the project with tiny params: the tiny local dataset and checkpoint, 3 steps."""
-    root = tmp_path_factory.mktemp("e2e") / "project"
-    for name in PROJECT_FILES:
-        src, dst = REPO / name, root / name
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["data"].update(dataset=str(hub_layout_dataset), local_copy=None)
-    params["model"]["checkpoint"] = str(tiny_checkpoint)
-    params["tokenize"]["max_length"] = 128
-    params["train"].update(max_steps=3, epochs=1, lr=1e-3, log_every=2)
-    params["evaluate"]["batch_size"] = 8
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "HF_HUB_OFFLINE": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
-    env.pop("PYTHONPATH", None)
+def project(tmp_path_factory, hub_layout_dataset, tiny_checkpoint) -> Path:
+    """A git repo holding the project's code with tiny params: the tiny local dataset and checkpoint, 3 steps."""
+    params = tiny_params(data={"dataset": str(hub_layout_dataset), "local_copy": None},
+                         model={"checkpoint": str(tiny_checkpoint)},
+                         train={"max_steps": 3, "epochs": 1, "accelerate_config": "configs/accelerate/default.yaml"},
+                         evaluate={"splits": ["validation", "test"]})
+    root = make_project(tmp_path_factory.mktemp("e2e") / "project", params, code=True).root
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
-        run(cmd, root, env)
-    return root, env
+        run(cmd, root)
+    return root
 
 
-def dvc(root: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    return run([str(Path(sys.executable).parent / "dvc"), *args], root, env)
-
-
-def exp_show(root: Path, env: dict) -> dict[str, dict]:
+def exp_show(root: Path) -> dict[str, dict]:
     """``dvc exp show --json`` as {experiment name or rev: its data} for every commit and experiment with metrics."""
     runs = {}
-    for commit in json.loads(dvc(root, env, "exp", "show", "--json").stdout):
+    for commit in json.loads(run(dvc("exp", "show", "--json"), root)):
         entries = [commit] + [rev for group in commit.get("experiments") or [] for rev in group["revs"]]
         for entry in entries:
             if entry["data"] and entry["data"].get("metrics"):
@@ -81,10 +49,10 @@ def lr_of(data: dict) -> float:
 # The tests below run in order on one project: repro, then experiments, then a second commit and the report.
 
 def test_repro_runs_every_stage_then_nothing(project):
-    root, env = project
-    out = dvc(root, env, "repro")
+    root = project
+    out = run(dvc("repro"), root)
     for stage in ("download", "tokenize", "collate-check", "train", "evaluate"):
-        assert f"Running stage '{stage}'" in out.stdout
+        assert f"Running stage '{stage}'" in out
     for path in ("data/raw", "data/tokenized", "data/predictions/validation.csv", "data/predictions/test.csv",
                  "models/pretrained/config.json", "models/finetuned/model.safetensors", "dvc.lock"):
         assert (root / path).exists(), path
@@ -96,20 +64,20 @@ def test_repro_runs_every_stage_then_nothing(project):
     provenance = json.loads((root / "metrics/provenance.json").read_text())
     assert provenance["dataset"]["kind"] == "local" and provenance["dataset"]["splits"]["train"]["rows"] == 40
     # DVC outputs are git-ignored; metrics and DVCLive plot data are not.
-    ignored = run(["git", "status", "--porcelain", "--ignored"], root, env).stdout
+    ignored = run(["git", "status", "--porcelain", "--ignored"], root)
     assert "!! data/raw" in ignored and "!! models/finetuned" in ignored
-    untracked = run(["git", "status", "--porcelain", "-uall"], root, env).stdout
+    untracked = run(["git", "status", "--porcelain", "-uall"], root)
     assert "metrics/eval.json" in untracked and "dvclive/train/steps/plots/metrics/train/loss.tsv" in untracked
 
     # Nothing changed: status is clean and a second repro runs no stage.
-    assert "up to date" in dvc(root, env, "status").stdout
-    assert "Running stage" not in dvc(root, env, "repro").stdout
-    run(["git", "add", "-A"], root, env)
-    run(["git", "commit", "-qm", "baseline run"], root, env)
+    assert "up to date" in run(dvc("status"), root)
+    assert "Running stage" not in run(dvc("repro"), root)
+    run(["git", "add", "-A"], root)
+    run(["git", "commit", "-qm", "baseline run"], root)
 
 
 def test_dvclive_logs_one_row_per_logged_step_and_epoch(project):
-    root, _ = project
+    root = project
     steps = (root / "dvclive/train/steps/plots/metrics/train/loss.tsv").read_text().splitlines()
     assert steps[0].split("\t")[-2:] == ["step", "loss"]
     assert [int(line.split("\t")[-2]) for line in steps[1:]] == [2, 3]  # log_every 2, and the last of 3 steps
@@ -124,8 +92,8 @@ def test_dvclive_logs_one_row_per_logged_step_and_epoch(project):
 
 
 def test_plots_show_renders_every_declared_plot(project):
-    root, env = project
-    dvc(root, env, "plots", "show")
+    root = project
+    run(dvc("plots", "show"), root)
     html = (root / "dvc_plots/index.html").read_text()
     declared = [next(iter(p)) for p in yaml.safe_load((root / "dvc.yaml").read_text())["plots"]]
     assert len(declared) >= 8
@@ -135,37 +103,37 @@ def test_plots_show_renders_every_declared_plot(project):
 
 
 def test_exp_run_and_a_queued_sweep_show_in_exp_show(project):
-    root, env = project
+    root = project
     # Changing train.lr reruns train and evaluate only.
-    exp = dvc(root, env, "exp", "run", "-S", "train.lr=3e-4", "--name", "lr-3e-4")
-    assert "Running stage 'train'" in exp.stdout and "Running stage 'evaluate'" in exp.stdout
-    assert "Running stage 'tokenize'" not in exp.stdout and "Running stage 'download'" not in exp.stdout
-    dvc(root, env, "exp", "run", "-S", "train.warmup_steps=1", "-S", "train.warmup_ratio=0", "-S", "train.mixed_precision=no",
-        "--name", "warmup-1")
-    dvc(root, env, "exp", "run", "--queue", "-S", "train.lr=1e-4,2e-4")
-    dvc(root, env, "exp", "run", "--run-all")
+    exp = run(dvc("exp", "run", "-S", "train.lr=3e-4", "--name", "lr-3e-4"), root)
+    assert "Running stage 'train'" in exp and "Running stage 'evaluate'" in exp
+    assert "Running stage 'tokenize'" not in exp and "Running stage 'download'" not in exp
+    run(dvc("exp", "run", "-S", "train.warmup_steps=1", "-S", "train.warmup_ratio=0", "-S", "train.mixed_precision=no",
+        "--name", "warmup-1"), root)
+    run(dvc("exp", "run", "--queue", "-S", "train.lr=1e-4,2e-4"), root)
+    run(dvc("exp", "run", "--run-all"), root)
 
-    runs = exp_show(root, env)
+    runs = exp_show(root)
     assert {"lr-3e-4", "warmup-1"} <= set(runs)
     assert {1e-3, 3e-4, 2e-4, 1e-4} <= {lr_of(data) for data in runs.values()}
     for name, data in runs.items():
         assert set(data["metrics"]) >= {"metrics/eval.json", "metrics/train.json"}, name
         assert "f1" in data["metrics"]["metrics/eval.json"]["data"]["validation"], name
         assert list(data["params"]) == ["params.yaml"], name  # DVCLive's own params.yaml is not a second column set
-    run(["git", "checkout", "--", "."], root, env)
-    dvc(root, env, "checkout")
+    run(["git", "checkout", "--", "."], root)
+    run(dvc("checkout"), root)
 
 
 def test_report_compares_two_commits(project, tmp_path):
-    root, env = project
+    root = project
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["train"]["lr"] = 5e-4
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    dvc(root, env, "repro")
-    run(["git", "add", "-A"], root, env)
-    run(["git", "commit", "-qm", "lr 5e-4"], root, env)
+    run(dvc("repro"), root)
+    run(["git", "add", "-A"], root)
+    run(["git", "commit", "-qm", "lr 5e-4"], root)
 
-    run([sys.executable, "-m", "stages.report", "--base", "HEAD~1", "--rev", "HEAD", "--out", str(tmp_path)], root, env)
+    run(python("-m", "tools.report", "--base", "HEAD~1", "--rev", "HEAD", "--out", str(tmp_path)), root)
     report = (tmp_path / "report.md").read_text()
     assert "| params.yaml | train.lr | 0.001" in report and "0.0005" in report
     assert "| metrics/eval.json  | validation.loss" in report and "Change" in report
@@ -173,6 +141,14 @@ def test_report_compares_two_commits(project, tmp_path):
         image = tmp_path / "plots" / f"{plot_id}.png"
         assert f"](plots/{plot_id}.png)" in report and image.read_bytes()[:4] == b"\x89PNG"
 
-    failed = subprocess.run([sys.executable, "-m", "stages.report", "--base", "no-such-rev", "--out", str(tmp_path)],
-                            cwd=root, env=env, capture_output=True, text=True)
-    assert failed.returncode == 1 and "unknown Git revision 'no-such-rev'" in failed.stderr
+    failed = run(python("-m", "tools.report", "--base", "no-such-rev", "--out", str(tmp_path)), root, ok=False)
+    assert "unknown Git revision 'no-such-rev'" in failed and "Traceback" not in failed
+
+
+def test_bad_param_stops_the_stage_with_one_message(project):
+    # Checked before `accelerate launch` starts a process: the message, no traceback, a failed experiment.
+    root = project
+    out = run(dvc("exp", "run", "-S", "train.lr=-1"), root, ok=False)
+    assert "params.yaml: train.lr: Input should be greater than 0 (got -1)" in out
+    assert "Traceback" not in out and "CalledProcessError" not in out
+    run(["git", "checkout", "--", "params.yaml"], root)

@@ -4,63 +4,35 @@ uninterrupted run ends; killed runs leave no finished-looking output."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
-from datasets import DatasetDict
 from safetensors.torch import load_file
 
-from stages.data import tokenize
-from tests.conftest import REPO, make_split
+from tests.helpers import REPO, make_project, make_raw, python, run, start, tiny_params, write_params
 
 EPOCHS = 3
 TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_epoch"}
-
-
-def write_params(project: Path, **train) -> None:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["train"].update(seed=3, epochs=EPOCHS, max_steps=None, batch_size=8, num_threads=1, lr=1e-3, warmup_ratio=0.1,
-                           warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0, early_stopping_patience=None,
-                           mixed_precision="no", log_every=10, group_by_length=True, adamw_impl="default",
-                           accelerate_config=str(REPO / "configs/accelerate/default.yaml"))
-    params["train"].update(train)
-    params["evaluate"].update(batch_size=16)
-    (project / "params.yaml").write_text(yaml.safe_dump(params))
+# 800 train rows in batches of 8: 100 optimizer steps an epoch, long enough to be killed during epoch 2.
+PARAMS = dict(train={"seed": 3, "epochs": EPOCHS, "num_threads": 1, "warmup_steps": 0, "warmup_ratio": 0.1,
+                     "log_every": 10, "group_by_length": True, "keep_best": True, "scheduler": "cosine"},
+              evaluate={"batch_size": 16})
 
 
 @pytest.fixture(scope="module")
-def project_template(tokenizer, tiny_checkpoint, tmp_path_factory) -> Path:
-    """A project folder with params.yaml, data/tokenized (800 train rows: 100 steps an epoch) and the tiny model."""
-    root = tmp_path_factory.mktemp("resume-template")
-    raw = DatasetDict({"train": make_split(800, 10), "validation": make_split(40, 11), "test": make_split(20, 12)})
-    tokenize(raw, tokenizer, max_length=64).save_to_disk(str(root / "data" / "tokenized"))
-    shutil.copytree(tiny_checkpoint, root / "models" / "pretrained")
-    write_params(root)
+def project_template(tiny_checkpoint, tmp_path_factory) -> Path:
+    """A project folder with params.yaml, the train stage's inputs (800 train rows) and the tiny model."""
+    root = tmp_path_factory.mktemp("resume-template") / "p"
+    make_project(root, tiny_params(**PARAMS), make_raw(800, 40, 20, seed=10), tiny_checkpoint)
     return root
 
 
-def start_train(project: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    # A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler:
-    # give the run the default disposition a terminal gives it, whatever started pytest.
-    return subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=project, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-
-
 def run_train(project: Path) -> str:
-    process = start_train(project)
-    output, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, output[-3000:]
-    return output
+    return run(python("-m", "stages.train"), project, timeout=300)
 
 
 def outcome(project: Path) -> tuple[dict, dict, dict]:
@@ -87,7 +59,7 @@ def uninterrupted(project_template, tmp_path_factory):
 def test_killed_run_resumes_to_the_uninterrupted_result(project_template, uninterrupted, tmp_path, signum):
     project = tmp_path / "p"
     shutil.copytree(project_template, project)
-    process = start_train(project)
+    process = start(python("-m", "stages.train"), project)
     deadline = time.time() + 240
     while not (project / "models" / "checkpoints" / "epoch-1").is_dir():  # wait for the end of epoch 1 ...
         assert process.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
@@ -122,25 +94,27 @@ def test_killed_run_resumes_to_the_uninterrupted_result(project_template, uninte
 def test_changed_params_start_afresh_instead_of_resuming(project_template, tmp_path):
     project = tmp_path / "p"
     shutil.copytree(project_template, project)
-    write_params(project, epochs=1)
+    write_params(project, tiny_params(**{**PARAMS, "train": {**PARAMS["train"], "epochs": 1}}))
     run_train(project)
-    write_params(project, epochs=1, lr=5e-4)  # another run: its checkpoints must not be continued
+    # another run: its checkpoints must not be continued
+    write_params(project, tiny_params(**{**PARAMS, "train": {**PARAMS["train"], "epochs": 1, "lr": 5e-4}}))
     log = run_train(project)
     assert "Resuming" not in log
     assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_epoch"] == 0
 
 
 def test_changed_code_changes_the_run_fingerprint(tmp_path, monkeypatch):
-    # A checkpoint written by other training code is not continued: the fingerprint covers the stages' source.
-    import types
+    # A checkpoint written by other training code is not continued: the fingerprint hashes every project file the
+    # train stage runs, the metric module loaded by path included.
+    from finetune import code
 
-    from stages.train import code_digest
-
-    module = types.ModuleType("stages._probe")
-    module.__file__ = str(tmp_path / "_probe.py")
-    (tmp_path / "_probe.py").write_text("LR_SCALE = 1\n")
-    monkeypatch.setitem(sys.modules, "stages._probe", module)
-    before = code_digest()
-    assert code_digest() == before
-    (tmp_path / "_probe.py").write_text("LR_SCALE = 2\n")
-    assert code_digest() != before
+    project = tmp_path / "repo"
+    for name in code.project_files("stages.train"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, project / name)
+    monkeypatch.setattr(code, "ROOT", project)
+    before = code.code_digest("stages.train")
+    assert code.code_digest("stages.train") == before
+    metric = project / "finetune" / "mrpc_metric.py"
+    metric.write_text(metric.read_text() + "\n# changed\n")
+    assert code.code_digest("stages.train") != before

@@ -5,8 +5,9 @@ import json
 import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from stages import sources
-from stages.sources import SourceError, resolve_checkpoint, resolve_dataset
+from finetune import sources
+from finetune.errors import SourceError
+from finetune.sources import resolve_checkpoint, resolve_dataset
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def test_dataset_with_no_source_names_both(hub_down, tmp_path):
 
 
 def test_download_stage_writes_raw_data_and_provenance(hub_layout_dataset, tiny_checkpoint, tmp_path):
-    from stages.common import DataParams
+    from finetune.params import DataParams
     from stages.download import download_checkpoint, download_dataset
 
     p = DataParams(dataset=str(hub_layout_dataset), config="mrpc", local_copy=None, max_samples=10)

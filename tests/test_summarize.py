@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from stages.summarize import markdown, summarize
+from tools.summarize import markdown, summarize
 
 
 def test_seeds_of_one_configuration_are_summarised_together():

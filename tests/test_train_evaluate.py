@@ -9,20 +9,19 @@ from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoModelForSequenceClassification, pipeline
 
-from stages.common import EvaluateParams
+from finetune.evaluation import load_metric
+from finetune.training import train
 from stages.evaluate import evaluate_model
-from stages.modeling import load_metric
-from stages.train import train
-from tests.conftest import tiny_train_params
-
-TINY_TRAIN = tiny_train_params()
+from tests.helpers import make_project, reset_accelerate, tiny_params
 
 
 @pytest.fixture(scope="module")
-def finetuned(tiny_tokenized, tiny_checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "finetuned"
-    metrics = train(TINY_TRAIN, tiny_tokenized, tiny_checkpoint, out)
-    return out, metrics
+def finetuned(tiny_raw, tiny_checkpoint, tmp_path_factory):
+    """A project whose model was trained for 2 epochs with the tiny params, and the train metrics."""
+    paths = make_project(tmp_path_factory.mktemp("run"), tiny_params(), tiny_raw, tiny_checkpoint)
+    metrics = train(tiny_params(), paths)
+    reset_accelerate()
+    return paths, metrics
 
 
 def test_train_reports_steps_loss_and_speed(finetuned):
@@ -34,25 +33,27 @@ def test_train_reports_steps_loss_and_speed(finetuned):
 
 
 def test_finetuned_model_loads_with_labels_and_pipeline(finetuned):
-    out, _ = finetuned
-    model = AutoModelForSequenceClassification.from_pretrained(out)
+    paths, _ = finetuned
+    model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
     assert model.config.id2label == {0: "not_equivalent", 1: "equivalent"}
-    classify = pipeline("text-classification", model=str(out))
+    classify = pipeline("text-classification", model=str(paths.finetuned))
     [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected by the court."}])
     assert result["label"] in {"not_equivalent", "equivalent"} and 0 <= result["score"] <= 1
 
 
-def test_max_steps_overrides_epochs(tiny_tokenized, tiny_checkpoint, tmp_path):
-    metrics = train(TINY_TRAIN.model_copy(update={"max_steps": 7}), tiny_tokenized, tiny_checkpoint, tmp_path / "m")
+def test_max_steps_overrides_epochs(tiny_project):
+    params = tiny_params(train={"max_steps": 7})
+    metrics = train(params, tiny_project(params=params))
     assert (metrics["steps"], metrics["epochs"]) == (7, 2)
 
 
-def test_same_seed_gives_identical_weights(finetuned, tiny_tokenized, tiny_checkpoint, tmp_path):
-    out, _ = finetuned
-    train(TINY_TRAIN, tiny_tokenized, tiny_checkpoint, tmp_path / "again")
-    first, again = load_file(out / "model.safetensors"), load_file(tmp_path / "again" / "model.safetensors")
-    assert first.keys() == again.keys()
-    assert all(torch.equal(first[k], again[k]) for k in first)
+def test_same_seed_gives_identical_weights(finetuned, tiny_project):
+    paths, _ = finetuned
+    again = tiny_project("again")
+    train(tiny_params(), again)
+    first, second = load_file(paths.finetuned / "model.safetensors"), load_file(again.finetuned / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
 
 
 def test_metric_module_matches_scikit_learn():
@@ -68,31 +69,33 @@ def test_metric_module_matches_scikit_learn():
     assert load_metric().compute(predictions=[0, 0], references=[0, 0]) == {"accuracy": 1.0, "f1": 0.0}
 
 
-def test_evaluate_writes_metrics_and_predictions(finetuned, tiny_tokenized, tiny_raw, tmp_path):
-    out, _ = finetuned
-    raw_dir = tmp_path / "raw"
-    tiny_raw.save_to_disk(str(raw_dir))
-    p = EvaluateParams(batch_size=4, sort_by_length=False, splits=["validation", "test"])
-    results = evaluate_model(p, out, tiny_tokenized, raw_dir, tmp_path / "predictions")
+def test_evaluate_writes_metrics_predictions_and_plots(finetuned, tiny_raw):
+    paths, _ = finetuned
+    params = tiny_params(evaluate={"batch_size": 4, "splits": ["validation", "test"]})
+    results = evaluate_model(params, paths)
     for split in ("validation", "test"):
-        table = pd.read_csv(tmp_path / "predictions" / f"{split}.csv")
+        table = pd.read_csv(paths.predictions / f"{split}.csv")
         assert list(table.columns) == ["idx", "sentence1", "sentence2", "label", "prediction", "probability"]
         assert table["idx"].tolist() == tiny_raw[split]["idx"]
         assert ((table["probability"] >= 0.5) == (table["prediction"] == 1)).all()
         assert results[split]["examples"] == len(table)
         assert results[split]["accuracy"] == pytest.approx(accuracy_score(table["label"], table["prediction"]), abs=1e-4)
         assert results[split]["f1"] == pytest.approx(f1_score(table["label"], table["prediction"]), abs=1e-4)
+        for plot in ("confusion_matrix", "precision_recall", "roc"):
+            assert (paths.eval_logs / "plots" / "sklearn" / split / f"{plot}.json").is_file()
 
 
-def test_unlabeled_test_split_gets_predictions_only(finetuned, tiny_tokenized, tiny_raw, tmp_path):
-    out, _ = finetuned
+def test_unlabeled_test_split_gets_predictions_only(finetuned, tiny_raw, tmp_path):
+    paths, _ = finetuned
     unlabeled = lambda ds: ds.cast_column("label", ds.features["idx"]).map(lambda r: {"label": -1})  # noqa: E731
-    raw = DatasetDict({**tiny_raw, "test": unlabeled(tiny_raw["test"])})
-    tokenized = load_from_disk(str(tiny_tokenized))
-    tokenized = DatasetDict({**tokenized, "test": tokenized["test"].map(lambda r: {"labels": -1})})
-    raw.save_to_disk(str(tmp_path / "raw"))
-    tokenized.save_to_disk(str(tmp_path / "tokenized"))
-    p = EvaluateParams(batch_size=8, sort_by_length=True, splits=["test"])
-    results = evaluate_model(p, out, tmp_path / "tokenized", tmp_path / "raw", tmp_path / "predictions")
+    project = make_project(tmp_path / "unlabeled", tiny_params())
+    DatasetDict({**tiny_raw, "test": unlabeled(tiny_raw["test"])}).save_to_disk(str(project.raw))
+    tokenized = load_from_disk(str(paths.tokenized))
+    DatasetDict({**tokenized, "test": tokenized["test"].map(lambda r: {"labels": -1})}).save_to_disk(
+        str(project.tokenized))
+    project.finetuned.parent.mkdir(parents=True)
+    project.finetuned.symlink_to(paths.finetuned)
+    results = evaluate_model(tiny_params(evaluate={"sort_by_length": True, "splits": ["test"]}), project)
     assert results == {"test": {"examples": 19}}
-    assert (tmp_path / "predictions" / "test.csv").exists()
+    assert (project.predictions / "test.csv").exists()
+    assert not (project.eval_logs / "plots").exists()  # no labels, no plots

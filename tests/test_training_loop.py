@@ -7,44 +7,41 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import BertConfig, BertModel
 
-import stages.train as train_module
-from stages.train import EarlyStopping, make_optimizer, train
-from tests.conftest import reset_accelerate, tiny_train_params
+import finetune.training as training
+from finetune.modeling import load_classifier
+from finetune.optim import make_optimizer
+from finetune.training import EarlyStopping, train
+from tests.helpers import make_checkpoint, make_project, reset_accelerate, tiny_params
 
 
 @pytest.fixture(scope="module")
-def no_dropout_checkpoint(tiny_checkpoint, tokenizer, tmp_path_factory):
+def no_dropout_checkpoint(tokenizer, tmp_path_factory):
     """The tiny BERT without dropout, so batches of different sizes see the same function."""
-    config = BertConfig.from_pretrained(tiny_checkpoint, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                        classifier_dropout=0.0)
-    folder = tmp_path_factory.mktemp("no-dropout")
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return make_checkpoint(tmp_path_factory.mktemp("no-dropout"), tokenizer, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
 
 
-def test_accumulating_4_batches_of_2_equals_batches_of_8(no_dropout_checkpoint, tiny_tokenized, tmp_path):
-    p = tiny_train_params(epochs=2, batch_size=8, lr=1e-3, weight_decay=0.01, max_grad_norm=1.0, warmup_steps=0)
-    big = train(p, tiny_tokenized, no_dropout_checkpoint, tmp_path / "big")
+def test_accumulating_4_batches_of_2_equals_batches_of_8(no_dropout_checkpoint, tiny_raw, tmp_path):
+    p = tiny_params(train={"epochs": 2, "batch_size": 8, "warmup_steps": 0})
+    accumulated = tiny_params(train={"epochs": 2, "batch_size": 2, "gradient_accumulation_steps": 4, "warmup_steps": 0})
+    big_paths = make_project(tmp_path / "big", p, tiny_raw, no_dropout_checkpoint)
+    small_paths = make_project(tmp_path / "accumulated", accumulated, tiny_raw, no_dropout_checkpoint)
+    big = train(p, big_paths)
     reset_accelerate()
-    small = train(p.model_copy(update={"batch_size": 2, "gradient_accumulation_steps": 4}), tiny_tokenized,
-                  no_dropout_checkpoint, tmp_path / "accumulated")
+    small = train(accumulated, small_paths)
     assert small["steps"] == big["steps"] == 10  # 40 rows: 5 optimizer steps an epoch either way
     assert small["train_samples"] == big["train_samples"] == 80
-    a, b = load_file(tmp_path / "big" / "model.safetensors"), load_file(tmp_path / "accumulated" / "model.safetensors")
+    a = load_file(big_paths.finetuned / "model.safetensors")
+    b = load_file(small_paths.finetuned / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
     assert small["mean_loss"] == pytest.approx(big["mean_loss"], abs=1e-4)
 
 
 def test_no_weight_decay_on_biases_and_layernorm(tiny_checkpoint):
-    from stages.modeling import load_classifier
-
     model = load_classifier(tiny_checkpoint)
-    decay, no_decay = make_optimizer(model, tiny_train_params(weight_decay=0.1)).param_groups
+    decay, no_decay = make_optimizer(model, tiny_params(train={"weight_decay": 0.1}).train).param_groups
     names = {id(t): n for n, t in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(not names[id(t)].endswith("bias") and "LayerNorm" not in names[id(t)] for t in decay["params"])
@@ -52,11 +49,12 @@ def test_no_weight_decay_on_biases_and_layernorm(tiny_checkpoint):
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
-def test_warmup_ratio_counts_optimizer_steps(tiny_tokenized, tiny_checkpoint, tmp_path):
-    live = tmp_path / "live"
-    train(tiny_train_params(epochs=2, warmup_steps=0, warmup_ratio=0.4, log_every=1, lr=1e-3), tiny_tokenized,
-          tiny_checkpoint, tmp_path / "m", live)
-    lrs = [float(line.split("\t")[-1]) for line in (live / "steps/plots/metrics/train/lr.tsv").read_text().splitlines()[1:]]
+def test_warmup_ratio_counts_optimizer_steps(tiny_project):
+    params = tiny_params(train={"epochs": 2, "warmup_steps": 0, "warmup_ratio": 0.4, "log_every": 1})
+    paths = tiny_project(params=params)
+    train(params, paths)
+    lr_log = paths.train_logs / "steps/plots/metrics/train/lr.tsv"
+    lrs = [float(line.split("\t")[-1]) for line in lr_log.read_text().splitlines()[1:]]
     # 10 optimizer steps, 4 of warmup: the learning rate rises to its peak after step 4, then decays to 0
     assert len(lrs) == 10 and max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) == 3
     assert lrs[:4] == sorted(lrs[:4]) and lrs[3:] == sorted(lrs[3:], reverse=True) and lrs[-1] == 0.0
@@ -85,9 +83,9 @@ def test_loss_is_minimised():
     assert stopping.should_stop and stopping.best_epoch == 2
 
 
-def test_training_stops_early_and_keeps_the_best_epoch(tiny_tokenized, tiny_checkpoint, tmp_path, monkeypatch):
+def test_training_stops_early_and_keeps_the_best_epoch(tiny_project, monkeypatch):
     f1_by_epoch = iter([0.5, 0.7, 0.6, 0.65, 0.9, 0.95])
-    evaluate_split = train_module.evaluate_split
+    evaluate_split = training.evaluate_split
     saved = {}
 
     def scripted(model, dataloader, accelerator, metric):
@@ -98,15 +96,16 @@ def test_training_stops_early_and_keeps_the_best_epoch(tiny_tokenized, tiny_chec
         saved[len(saved) + 1] = {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
         return save_model(accelerator, model, tokenizer, folder)
 
-    save_model = train_module.save_model
-    monkeypatch.setattr(train_module, "evaluate_split", scripted)
-    monkeypatch.setattr(train_module, "save_model", remember)
-    p = tiny_train_params(epochs=6, keep_best=True, early_stopping_patience=2)
-    metrics = train(p, tiny_tokenized, tiny_checkpoint, tmp_path / "m", checkpoints_dir=tmp_path / "checkpoints")
+    save_model = training.save_model
+    monkeypatch.setattr(training, "evaluate_split", scripted)
+    monkeypatch.setattr(training, "save_model", remember)
+    params = tiny_params(train={"epochs": 6, "keep_best": True, "early_stopping_patience": 2})
+    paths = tiny_project(params=params)
+    metrics = train(params, paths)
     assert (metrics["epochs"], metrics["best_epoch"], metrics["stopped_early"]) == (4, 2, True)
     assert metrics["best_validation_f1"] == 0.7 and metrics["steps"] == 4 * 5
-    kept = load_file(tmp_path / "m" / "model.safetensors")
+    kept = load_file(paths.finetuned / "model.safetensors")
     best = saved[2]  # saved after epochs 1 and 2, the improvements
     assert len(saved) == 2 and all(kept[k].equal(best[k]) for k in kept)
-    state = json.loads((tmp_path / "checkpoints" / "epoch-4" / "trainer_state.json").read_text())
+    state = json.loads((paths.checkpoints / "epoch-4" / "trainer_state.json").read_text())
     assert state["stopping"]["bad_epochs"] == 2

@@ -5,7 +5,7 @@ Not a pipeline stage: a command to run after a sweep. Experiments are read with 
 
     dvc exp run --queue -S 'train.seed=42,1,2' -S train.lr=1e-4 -S 'evaluate.splits=[validation]'
     dvc queue start
-    python -m stages.summarize --match 'r3-*' --out metrics/sweeps/round-3.json --md metrics/sweeps/round-3.md
+    python -m tools.summarize --match 'r3-*' --out metrics/sweeps/round-3.json --md metrics/sweeps/round-3.md
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from stages.common import write_json
+from finetune.runtime import write_json
+from finetune.tables import markdown_table
 
-log = logging.getLogger("stages.summarize")
+log = logging.getLogger(__name__)
 
 # Params that never change a validation result, left out of the configuration (the seed is what varies within one).
 IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads", "evaluate.splits"}
@@ -79,8 +80,7 @@ def summarize(df: pd.DataFrame, metrics: list[str] = METRICS) -> tuple[list[dict
 def markdown(configurations: list[dict], varying: list[str], metrics: list[str] = METRICS) -> str:
     """A Markdown table: the varying params, n, seeds and ``mean ± std`` of each metric, best first."""
     metrics = [m for m in metrics if any(m in c for c in configurations)]
-    header = [*varying, "n", "seeds", *metrics]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for c in configurations:
         cells = [str(c["params"][p]) for p in varying] + [str(c["n"]), ",".join(map(str, c["seeds"]))]
         for m in metrics:
@@ -88,8 +88,8 @@ def markdown(configurations: list[dict], varying: list[str], metrics: list[str] 
             digits = 4 if m.endswith(("accuracy", "f1")) else 1
             cells.append("" if s is None else f"{s['mean']:.{digits}f}" +
                          (f" ± {s['std']:.{digits}f}" if s["std"] is not None else ""))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return markdown_table([*varying, "n", "seeds", *metrics], rows)
 
 
 def _plain(value):

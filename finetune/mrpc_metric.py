@@ -1,4 +1,4 @@
-"""GLUE MRPC metric for the `evaluate` library, loadable offline with ``evaluate.load("stages/mrpc_metric.py")``.
+"""GLUE MRPC metric for the `evaluate` library, loadable offline with ``evaluate.load("finetune/mrpc_metric.py")``.
 
 MRPC is scored by accuracy and by F1 of the positive class (1 = equivalent), as in the GLUE paper
 (Wang et al., 2018, https://arxiv.org/abs/1804.07461) and the Hub's ``glue`` metric.

@@ -2,8 +2,8 @@
 
 Not a pipeline stage: a command for pull requests and reviews, e.g.
 
-    python -m stages.report                          # the workspace against main
-    python -m stages.report --rev lr-3e-5 --base main  # an experiment (by name), a branch or a commit
+    python -m tools.report                          # the workspace against main
+    python -m tools.report --rev lr-3e-5 --base main  # an experiment (by name), a branch or a commit
 
 It writes ``<out>/report.md`` and ``<out>/plots/<plot id>.png``. The tables come from ``dvc params diff --md``
 and ``dvc metrics diff --md``; the plots from ``dvc plots diff --json`` (the Vega-Lite specs that
@@ -14,22 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import vl_convert
 
-from stages.common import setup_logging
+from finetune.errors import PipelineError
+from finetune.runtime import run_stage
 
-log = setup_logging()
+log = logging.getLogger(__name__)
 
 WORKSPACE = "workspace"
 # Plot ids of dvc.yaml shown in the report, in order.
 KEY_PLOTS = ["train_loss_by_step", "validation_accuracy_f1_by_epoch", "validation_confusion_matrix"]
 
 
-class ReportError(RuntimeError):
+class ReportError(PipelineError):
     """A dvc command failed (e.g. an unknown revision); the message holds the command and DVC's error."""
 
 
@@ -79,7 +81,7 @@ def write_report(base: str = "main", rev: str = WORKSPACE, out_dir: Path = Path(
     for plot_id, path in images.items():
         lines += [f"### {plot_id.replace('_', ' ').capitalize()}", "", f"![{plot_id}]({path.relative_to(out_dir)})", ""]
     rev_option = "" if rev == WORKSPACE else f" --rev {rev}"
-    lines += [f"Regenerate: `python -m stages.report --base {base}{rev_option}`", ""]
+    lines += [f"Regenerate: `python -m tools.report --base {base}{rev_option}`", ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))
     log.info("Wrote %s (%d plots)", report, len(images))
@@ -92,12 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rev", default=WORKSPACE, help="workspace (default), a git revision or an experiment name")
     parser.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report/)")
     args = parser.parse_args(argv)
-    try:
-        write_report(args.base, args.rev, args.out)
-    except ReportError as err:
-        log.error("%s", err)
-        sys.exit(1)
+    write_report(args.base, args.rev, args.out)
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

@@ -1,0 +1,76 @@
+"""Which project files a stage runs: its module, the project modules it imports (followed through every import,
+also those inside functions), and the files they load by path (a module-level ``Path(__file__)...`` constant
+naming a ``.py`` file, like the metric module that ``evaluate.load`` reads).
+
+dvc.yaml's deps of each stage are tested against ``project_files`` (tests/test_dvc_yaml.py), and the resume
+fingerprint hashes the same files (``code_digest``), so neither can miss code that a run executes.
+Package ``__init__.py`` files hold only a docstring (tested) and are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("finetune", "stages", "tools", "benchmarks")
+
+
+def module_path(name: str) -> Path | None:
+    """The file of project module ``name`` (e.g. 'finetune.data'), or None for a package or a module elsewhere."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
+    return path if path.is_file() else None
+
+
+def _imports(path: Path) -> set[str]:
+    """Names of the modules ``path`` imports, anywhere in the file (``from a import b`` gives 'a' and 'a.b')."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _loaded_by_path(path: Path) -> set[Path]:
+    """Project ``.py`` files named by module-level constants built from ``Path(__file__)`` in ``path``."""
+    found = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Assign) and "Path(__file__)" in ast.unparse(node.value):
+            value = eval(compile(ast.Expression(node.value), str(path), "eval"), {"Path": Path, "__file__": str(path)})
+            if isinstance(value, Path) and value.suffix == ".py" and value.is_file():
+                found.add(value.resolve())
+    return found
+
+
+def project_files(module: str) -> list[str]:
+    """Every project file that running ``module`` executes, as sorted paths relative to the repository root.
+
+    Raises:
+        ValueError: ``module`` is not a module of this project.
+    """
+    start = module_path(module)
+    if start is None:
+        raise ValueError(f"{module!r} is not a module of this project (packages {', '.join(PACKAGES)})")
+    seen, todo = set(), [start]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        todo += [p for p in map(module_path, _imports(path)) if p is not None]
+        todo += _loaded_by_path(path)
+    return sorted(p.relative_to(ROOT).as_posix() for p in seen)
+
+
+def code_digest(module: str) -> str:
+    """sha256 (16 hex digits) of the names and contents of ``project_files(module)``."""
+    digest = hashlib.sha256()
+    for name in project_files(module):
+        digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
+    return digest.hexdigest()[:16]

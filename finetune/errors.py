@@ -1,0 +1,30 @@
+"""The errors a user can cause: bad params, an unreachable source, a bad checkpoint folder, bad data, a bad batch.
+
+Each is a ``PipelineError`` whose message names the file, key, split, row or rule. A stage run through
+``finetune.runtime.run_stage`` prints that message alone and exits 1; any other exception is a bug and keeps its
+traceback.
+"""
+
+
+class PipelineError(Exception):
+    """An expected error: its message says what is wrong and where, in one line."""
+
+
+class ParamsError(PipelineError, ValueError):
+    """params.yaml is missing, unreadable or invalid; the message names the file and the key."""
+
+
+class SourceError(PipelineError, RuntimeError):
+    """No source of a dataset or checkpoint could be reached; the message names every place tried."""
+
+
+class CheckpointError(PipelineError, ValueError):
+    """A checkpoint folder that can't be used: no config, no weights, no tokenizer, or a head of the wrong size."""
+
+
+class DataError(PipelineError, ValueError):
+    """The dataset breaks a rule; the message names the folder, the split, the row (idx) and the rule."""
+
+
+class CollateError(PipelineError, AssertionError):
+    """A batch breaks a rule; the message names the split, the batch index and the rule."""

@@ -1,0 +1,220 @@
+"""params.yaml: its schema (validated once, every key required) and where the pipeline's artifacts live.
+
+    python -m finetune.params      # check params.yaml: prints what is wrong and exits 1, or says it is valid
+
+The train and evaluate stages run this check before ``accelerate launch`` starts a process (dvc.yaml).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
+from ruamel.yaml import YAML, YAMLError
+
+from finetune.errors import ParamsError
+
+PARAMS_FILE = Path("params.yaml")
+
+# Schedulers of transformers.get_scheduler that need nothing beyond warmup and total steps.
+SCHEDULERS = Literal[
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
+]
+
+PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataParams(_Section):
+    dataset: str = Field(min_length=1)
+    config: str = Field(min_length=1)
+    local_copy: str | None
+    max_samples: PositiveInt | None
+
+
+class ModelParams(_Section):
+    checkpoint: str = Field(min_length=1)
+    reinit_head: StrictBool  # a checkpoint whose classification head has other than 2 labels: new head (true) or error
+
+
+class TokenizeParams(_Section):
+    max_length: Annotated[int, Field(strict=True, ge=8)] | None
+
+
+class TrainParams(_Section):
+    seed: NonNegativeInt  # model head initialisation, dropout and batch order
+    epochs: PositiveInt | None  # the most epochs (early stopping may end sooner)
+    max_steps: PositiveInt | None  # optimizer steps; overrides epochs when set
+    batch_size: PositiveInt  # per process and per forward pass
+    gradient_accumulation_steps: PositiveInt  # forward passes per optimizer step
+    lr: float = Field(gt=0, lt=1)
+    weight_decay: float = Field(ge=0, lt=1)  # not applied to biases and LayerNorm weights
+    max_grad_norm: float | None = Field(gt=0)  # gradient clipping (null: none)
+    scheduler: SCHEDULERS
+    warmup_steps: NonNegativeInt  # warmup in optimizer steps ...
+    warmup_ratio: float = Field(ge=0, lt=1)  # ... or as a fraction of all optimizer steps (not both)
+    metric_for_best: Literal["f1", "accuracy", "loss"]  # validation metric that picks the kept epoch
+    keep_best: StrictBool  # save the best epoch's weights (true) or the last epoch's (false)
+    early_stopping_patience: PositiveInt | None  # epochs without improvement before stopping (null: never)
+    early_stopping_threshold: float = Field(ge=0)  # smallest change of metric_for_best that counts as improvement
+    resume: StrictBool  # continue from the last epoch checkpoint in models/checkpoints when it matches these params
+    accelerate_config: str = Field(min_length=1)  # `accelerate launch --config_file` of the train and evaluate stages
+    mixed_precision: Literal["auto", "no", "fp16", "bf16"]  # auto: see resolve_mixed_precision
+    log_every: PositiveInt  # optimizer steps between DVCLive logs of train loss and learning rate
+    group_by_length: StrictBool  # batches of similar lengths (transformers' LengthGroupedSampler)
+    adamw_impl: Literal["default", "foreach", "fused"]  # torch.optim.AdamW implementation
+    torch_compile: StrictBool
+    num_threads: PositiveInt | None  # torch.set_num_threads on CPU (null: torch's default)
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _unquoted_no(cls, value):
+        # YAML 1.1 readers and writers (PyYAML, some editors and tools) turn an unquoted `no` into false.
+        return "no" if value is False else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainParams":
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("epochs and max_steps are both null: set epochs (a positive int) or max_steps")
+        if self.warmup_steps and self.warmup_ratio:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio}) are both set: "
+                             "set one, the other to 0")
+        # Relative to the working directory, as `accelerate launch` reads it (a tracked file of the project).
+        if not Path(self.accelerate_config).is_file():
+            raise ValueError(f"accelerate_config: file {self.accelerate_config!r} not found (from {Path.cwd()}); "
+                             "see configs/accelerate/ for examples")
+        return self
+
+
+class EvaluateParams(_Section):
+    batch_size: PositiveInt
+    sort_by_length: StrictBool  # evaluate in order of length (less padding); predictions keep the row order
+    splits: list[Literal["validation", "test"]] = Field(min_length=1)
+
+
+class Params(_Section):
+    """The whole of params.yaml. Every key is required: params.yaml is the one source of defaults."""
+
+    data: DataParams
+    model: ModelParams
+    tokenize: TokenizeParams
+    train: TrainParams
+    evaluate: EvaluateParams
+
+
+def load_params(path: str | Path = PARAMS_FILE) -> Params:
+    """Read and validate params.yaml.
+
+    Raises:
+        ParamsError: the file is missing or not YAML, or a key is unknown, missing, of the wrong
+            type or out of range. The message names the file and each offending key, e.g.
+            ``params.yaml: train.lr: Input should be greater than 0 (got -1)``.
+    """
+    path = Path(path)
+    try:
+        # YAML 1.2, as DVC reads and writes params.yaml (`dvc exp run -S` writes `no`, `3e-5` unquoted;
+        # PyYAML's YAML 1.1 would read them as False and as a string).
+        raw = YAML(typ="safe", pure=True).load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: not found (run from the repository root)") from None
+    except YAMLError as err:
+        raise ParamsError(f"{path}: not valid YAML: {err}") from None
+    return validate_params(raw, str(path))
+
+
+def with_overrides(params: Params, overrides: dict[str, dict[str, Any]], source: str = "overrides") -> Params:
+    """``params`` with ``{"section": {"key": value}}`` changes applied and validated like params.yaml.
+
+    Raises:
+        ParamsError: an override names an unknown key or gives a bad value; the message names ``source``.
+    """
+    raw = params.model_dump()
+    for section, values in overrides.items():
+        raw.setdefault(section, {}).update(values)
+    return validate_params(raw, source)
+
+
+def validate_params(raw: Any, source: str) -> Params:
+    """``raw`` (params.yaml's content as Python objects) as ``Params``.
+
+    Raises:
+        ParamsError: one line per offending key: ``<source>: <key>: <what is wrong> (got <value>)``.
+    """
+    try:
+        return Params.model_validate(raw if raw is not None else {})
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            key = ".".join(str(part) for part in e["loc"]) or "<top level>"
+            got = "" if e["type"] in ("missing", "value_error") else f" (got {e['input']!r})"
+            lines.append(f"{source}: {key}: {e['msg']}{got}")
+        raise ParamsError("\n".join(lines)) from None
+
+
+def project_path(path: str) -> Path:
+    """A path from params.yaml: absolute as is, relative to the project root otherwise.
+
+    The project root is ``$DVC_ROOT``, which DVC sets for every stage it runs; for a queued experiment
+    (run in a temporary copy under .dvc/tmp/exps) it is the original repository, so ``../shared/...``
+    still points beside it. Outside DVC, the current folder.
+    """
+    return Path(os.environ.get("DVC_ROOT", ".")) / path
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where every artifact of the pipeline lives, under ``root`` (dvc.yaml declares the same paths)."""
+
+    root: Path = Path(".")
+
+    @property
+    def raw(self) -> Path:  # download: DatasetDict.save_to_disk
+        return self.root / "data" / "raw"
+
+    @property
+    def tokenized(self) -> Path:  # tokenize: DatasetDict.save_to_disk
+        return self.root / "data" / "tokenized"
+
+    @property
+    def predictions(self) -> Path:  # evaluate: <split>.csv
+        return self.root / "data" / "predictions"
+
+    @property
+    def pretrained(self) -> Path:  # download: tokenizer + model, save_pretrained
+        return self.root / "models" / "pretrained"
+
+    @property
+    def finetuned(self) -> Path:  # train: the kept epoch's model + tokenizer
+        return self.root / "models" / "finetuned"
+
+    @property
+    def checkpoints(self) -> Path:  # train: accelerator.save_state per epoch, for train.resume (persist: true)
+        return self.root / "models" / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:  # committed metrics JSON
+        return self.root / "metrics"
+
+    @property
+    def train_logs(self) -> Path:  # DVCLive logs by step and by epoch (git-tracked, cache: false)
+        return self.root / "dvclive" / "train"
+
+    @property
+    def eval_logs(self) -> Path:  # DVCLive confusion matrix, precision-recall and ROC data per split
+        return self.root / "dvclive" / "evaluate"
+
+
+if __name__ == "__main__":
+    try:
+        load_params()
+    except ParamsError as err:
+        sys.exit(str(err))
+    print(f"{PARAMS_FILE}: valid")

@@ -1,0 +1,106 @@
+"""What lets an interrupted training run continue: its state, its fingerprint, and its epoch checkpoints.
+
+After every epoch the train stage saves ``accelerator.save_state`` (model, optimizer, scheduler, RNG states)
+plus ``trainer_state.json`` (a ``RunState``) into ``models/checkpoints/epoch-N``. A later run with the same
+fingerprint continues after the newest complete one and ends exactly where an uninterrupted run ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from accelerate import Accelerator
+from datasets import DatasetDict
+
+from finetune.code import code_digest
+from finetune.params import Params, Paths
+
+STATE_FILE = "trainer_state.json"  # inside each epoch checkpoint, beside accelerator.save_state's files
+
+
+@dataclass
+class RunState:
+    """Everything beyond ``accelerator.save_state`` needed to continue a run; saved per epoch as trainer_state.json."""
+
+    fingerprint: str
+    epoch: int = 0  # epochs finished
+    step: int = 0  # optimizer steps taken
+    train_seconds: float = 0.0  # wall seconds of the optimisation steps (validation excluded)
+    samples: int = 0  # training examples seen, all processes
+    real_tokens: int = 0  # non-padding tokens of this process's training batches
+    padded_tokens: int = 0  # all tokens of those batches, padding included
+    losses: list = field(default_factory=list)  # train loss of every optimizer step
+    lrs: list = field(default_factory=list)  # learning rate after every optimizer step
+    epoch_logs: list = field(default_factory=list)  # one dict per epoch: train loss and validation metrics
+    stopping: dict = field(default_factory=dict)  # EarlyStopping fields
+
+
+def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int) -> str:
+    """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
+
+    Covers the train params (except ``resume``, ``log_every``), ``model.reinit_head``, the evaluation batching, the
+    accelerate config file and the number of processes, the tokenized data (datasets' fingerprint of each split),
+    the pretrained checkpoint's config and weights' sizes, and the code (``finetune.code.code_digest`` of the train
+    stage: every project file it runs).
+    """
+    weights = sorted((f.name, f.stat().st_size) for f in paths.pretrained.glob("*.safetensors"))
+    accelerate_config = Path(params.train.accelerate_config)
+    parts = {
+        "train": params.train.model_dump(exclude={"resume", "log_every"}),
+        "reinit_head": params.model.reinit_head,
+        "evaluate": params.evaluate.model_dump(include={"batch_size", "sort_by_length"}),
+        "accelerate_config": accelerate_config.read_text() if accelerate_config.is_file() else None,
+        "processes": num_processes,
+        "data": {split: ds._fingerprint for split, ds in tokenized.items()},
+        "config": (paths.pretrained / "config.json").read_text(),
+        "weights": weights,
+        "code": code_digest("stages.train"),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def last_checkpoint(checkpoints_dir: Path, fingerprint: str) -> Path | None:
+    """The newest complete ``epoch-N`` checkpoint of the run ``fingerprint``, or None.
+
+    A checkpoint is complete once its folder has its final name: it is written as ``.epoch-N.tmp`` and renamed.
+    """
+    found = []
+    for folder in Path(checkpoints_dir).glob("epoch-*"):
+        state_file = folder / STATE_FILE
+        if state_file.is_file() and json.loads(state_file.read_text()).get("fingerprint") == fingerprint:
+            found.append((int(folder.name.split("-")[1]), folder))
+    return max(found)[1] if found else None
+
+
+def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> RunState:
+    """Restore model, optimizer, scheduler and RNG states from ``checkpoint``; return its run state."""
+    accelerator.load_state(str(checkpoint))
+    return RunState(**json.loads((checkpoint / STATE_FILE).read_text()))
+
+
+def save_checkpoint(accelerator: Accelerator, checkpoints_dir: Path, state: RunState) -> Path:
+    """``accelerator.save_state`` plus the run state into ``checkpoints_dir/epoch-<state.epoch>``, atomically.
+
+    Written to ``.epoch-N.tmp`` and renamed when complete; older epoch checkpoints are then deleted. Every process
+    must call it (save_state synchronises them).
+    """
+    final = Path(checkpoints_dir) / f"epoch-{state.epoch}"
+    tmp = Path(checkpoints_dir) / f".epoch-{state.epoch}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in Path(checkpoints_dir).glob("epoch-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final

@@ -1,0 +1,139 @@
+"""How a stage runs: logging, signals and expected errors; the Accelerator, CPU threads and mixed precision;
+outputs written atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from finetune.errors import PipelineError
+
+
+def run_stage(main: Callable[[], Any]) -> None:
+    """Run a stage's ``main()`` as a command: logging set up, SIGTERM unwinding like Ctrl-C, expected errors short.
+
+    A ``PipelineError`` (bad params, data, checkpoint or batch) prints its message alone and exits 1; any other
+    exception is a bug and keeps its traceback. SIGTERM (what `kill`, job schedulers and `dvc queue kill` send)
+    raises SystemExit, so the temp outputs of ``atomic_dir`` and ``write_json`` are removed, not left behind.
+    """
+    setup_logging()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+    try:
+        main()
+    except PipelineError as err:
+        sys.exit(f"ERROR: {err}")
+
+
+def setup_logging() -> None:
+    """Log to stderr with time, level and logger name; quiet the HTTP and lock libraries."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _raise_system_exit(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def resolve_mixed_precision(choice: str) -> str:
+    """The Accelerate ``mixed_precision`` for a params choice; 'auto' picks what the hardware runs fast.
+
+    'auto' is bf16 autocast on a GPU with bf16 (Ampere and newer) or a CPU with bf16 instructions (AVX512-BF16
+    or AMX, read from /proc/cpuinfo), fp16 with a gradient scaler on an older GPU, and fp32 ('no') elsewhere.
+    Any other choice is returned as is.
+    """
+    if choice != "auto":
+        return choice
+    import torch
+
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return "no"
+    return "bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "no"
+
+
+def set_cpu_threads(num_threads: int | None) -> int:
+    """Set torch's intra-op CPU threads and return the number: ``num_threads``, or when None the CPUs this process
+    may run on divided among the processes of this machine (``LOCAL_WORLD_SIZE``, set by torchrun/accelerate).
+
+    `accelerate launch` exports OMP_NUM_THREADS=1 unless told otherwise, which on a CPU-only machine halves training
+    speed with 2 cores; this undoes that for the default single process.
+    """
+    import torch
+
+    if num_threads is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        num_threads = max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    torch.set_num_threads(num_threads)
+    return num_threads
+
+
+def make_accelerator(**kwargs):
+    """``accelerate.Accelerator(**kwargs)``, on CPU processes when torchrun started several and there is no GPU.
+
+    accelerate's own multi-CPU path (``--cpu --num_processes N``) needs MPI's mpirun; without it, it starts one
+    process. ``accelerate launch --multi_gpu --num_processes N`` (configs/accelerate/cpu_2proc.yaml) starts N
+    processes with torchrun instead, and with ``cpu=True`` they join a gloo process group on the CPU.
+    """
+    import torch
+    from accelerate import Accelerator
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return Accelerator(cpu=world_size > 1 and not torch.cuda.is_available(), **kwargs)
+
+
+def peak_memory_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux ``ru_maxrss`` is in KiB)."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically: a temp file in the same folder, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temp folder beside ``path``; on success it replaces ``path``, on error it is removed.
+
+    So a stage killed or failing half-way never leaves a folder that looks finished. Temp folders that a killed
+    (SIGKILL) earlier run left beside ``path`` are removed first.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)

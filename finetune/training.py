@@ -1,0 +1,290 @@
+"""The training loop: fine-tune the pretrained checkpoint on the train split with an explicit loop on Accelerate.
+
+The loop of the Hugging Face course, chapter 3 "A full training" (https://huggingface.co/learn/llm-course/chapter3/4)
+and of transformers' examples/pytorch/text-classification/run_glue_no_trainer.py: AdamW, a schedule from
+``transformers.get_scheduler``, ``accelerator.accumulate`` / ``accelerator.backward``, validation after every epoch.
+On top: the best epoch is kept, early stopping, and a checkpoint after every epoch that ``train.resume`` continues
+from after an interruption (finetune/resume.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from datasets import load_from_disk
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from finetune.batches import evaluation_batches, make_collator, train_dataloader
+from finetune.live import TrainLog
+from finetune.evaluation import evaluate_split, load_metric
+from finetune.modeling import load_classifier
+from finetune.optim import Schedule, make_optimizer, make_scheduler
+from finetune.params import Params, Paths, TrainParams
+from finetune.resume import RunState, last_checkpoint, load_checkpoint, run_fingerprint, save_checkpoint
+from finetune.runtime import atomic_dir, make_accelerator, peak_memory_mb, resolve_mixed_precision, set_cpu_threads
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EarlyStopping:
+    """Track a validation metric across epochs: is this epoch the best so far, and is it time to stop?
+
+    ``mode`` 'max' for accuracy/F1, 'min' for loss. An epoch improves when it beats the best by more than
+    ``threshold``; training stops after ``patience`` epochs in a row without improvement (None: never),
+    like transformers' ``EarlyStoppingCallback``.
+    """
+
+    mode: str
+    patience: int | None = None
+    threshold: float = 0.0
+    best: float | None = None
+    best_epoch: int = 0
+    bad_epochs: int = 0
+
+    def update(self, value: float, epoch: int) -> bool:
+        """Record ``value`` of ``epoch``; True when it is a new best."""
+        sign = 1 if self.mode == "max" else -1
+        if self.best is None or sign * (value - self.best) > self.threshold:
+            self.best, self.best_epoch, self.bad_epochs = value, epoch, 0
+            return True
+        self.bad_epochs += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience is not None and self.bad_epochs >= self.patience
+
+
+@dataclass
+class Run:
+    """What one training run works with, built once by ``build_run``."""
+
+    p: TrainParams
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_dl: torch.utils.data.DataLoader
+    val_dl: torch.utils.data.DataLoader
+    batch_order: torch.Generator  # reseeded every epoch: the batch order depends on seed and epoch only
+    schedule: Schedule
+    fingerprint: str
+    mixed_precision: str
+    parameters: int
+    resumed_from: int = 0  # the epoch a resumed run continued after (0: a fresh run)
+    compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
+
+
+def train(params: Params, paths: Paths) -> dict:
+    """Fine-tune ``paths.pretrained`` on the train split of ``paths.tokenized``; save the kept model to
+    ``paths.finetuned``, a checkpoint per epoch to ``paths.checkpoints`` and DVCLive logs to ``paths.train_logs``.
+
+    ``train.seed`` drives the head's initialisation, dropout and the batch order. One optimizer step takes
+    ``gradient_accumulation_steps`` batches of ``batch_size`` per process; the run takes ``max_steps`` optimizer
+    steps if set, else ``epochs`` epochs, and stops sooner after ``early_stopping_patience`` epochs without the
+    validation ``metric_for_best`` improving. ``paths.finetuned`` gets the best epoch's weights with ``keep_best``,
+    else the last epoch's. With ``resume``, a run whose fingerprint matches a checkpoint continues after its epoch.
+
+    Returns:
+        metrics, see ``final_metrics``.
+    """
+    start = time.perf_counter()
+    run = build_run(params, paths)
+    state, stopping = start_or_resume(run, paths)
+    with TrainLog.open(paths.train_logs, run.accelerator.is_main_process, run.p.log_every,
+                       run.schedule.total_steps) as logs:
+        logs.replay(state.losses, state.lrs, state.epoch_logs)
+        progress = tqdm(total=run.schedule.total_steps, initial=state.step, desc="train", unit="step",
+                        disable=not run.accelerator.is_local_main_process)
+        while state.epoch < run.schedule.epochs and state.step < run.schedule.total_steps and not stopping.should_stop:
+            step_losses = train_epoch(run, state, logs, progress)
+            end_of_epoch(run, state, stopping, step_losses, logs, paths)
+        progress.close()
+        save_kept_model(run, state, stopping, paths)
+    return final_metrics(run, state, stopping, time.perf_counter() - start)
+
+
+def build_run(params: Params, paths: Paths) -> Run:
+    """Accelerator, seed, tokenizer, model, DataLoaders, optimizer and schedule, prepared for the processes."""
+    p = params.train
+    threads = set_cpu_threads(p.num_threads)
+    mixed_precision = resolve_mixed_precision(p.mixed_precision)
+    accelerator = make_accelerator(mixed_precision=mixed_precision,
+                                   gradient_accumulation_steps=p.gradient_accumulation_steps)
+    set_seed(p.seed)
+    tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
+    model = load_classifier(paths.pretrained, params.model.reinit_head)
+    parameters = sum(t.numel() for t in model.parameters())
+    tokenized = load_from_disk(str(paths.tokenized))
+    collator = make_collator(tokenizer)
+    train_dl = train_dataloader(tokenized["train"], collator, p.batch_size, p.seed, p.group_by_length)
+    batch_order = train_dl.generator
+    val_dl, _ = evaluation_batches(tokenized["validation"], collator, params.evaluate)
+    optimizer = make_optimizer(model, p)
+    if p.torch_compile:
+        model = torch.compile(model)
+    model, optimizer, train_dl, val_dl = accelerator.prepare(model, optimizer, train_dl, val_dl)
+    schedule = Schedule.of(p, len(train_dl))
+    scheduler = make_scheduler(optimizer, p, schedule)
+    accelerator.register_for_checkpointing(scheduler)
+    log.info("Training up to %d optimizer steps (%d epochs of %d) on %d process(es) (%s), batch %d x %d accumulation, "
+             "mixed precision %s, lr %g, %s schedule, %d warmup steps, %d CPU threads", schedule.total_steps,
+             schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes, accelerator.device, p.batch_size,
+             p.gradient_accumulation_steps, mixed_precision, p.lr, p.scheduler, schedule.warmup_steps, threads)
+    fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes)
+    return Run(p, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dl, batch_order, schedule,
+               fingerprint, mixed_precision, parameters)
+
+
+def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
+    """A fresh run state, or with ``train.resume`` the state of the newest checkpoint of this run's fingerprint.
+
+    Checkpoints of another run are deleted: they are never mixed with this one.
+    """
+    p = run.p
+    checkpoint = last_checkpoint(paths.checkpoints, run.fingerprint) if p.resume else None
+    if checkpoint is None:
+        if run.accelerator.is_main_process:
+            shutil.rmtree(paths.checkpoints, ignore_errors=True)
+        return RunState(run.fingerprint), EarlyStopping(mode="min" if p.metric_for_best == "loss" else "max",
+                                                        patience=p.early_stopping_patience,
+                                                        threshold=p.early_stopping_threshold)
+    state = load_checkpoint(run.accelerator, checkpoint)
+    run.resumed_from = state.epoch
+    log.info("Resuming after epoch %d (step %d) from %s", state.epoch, state.step, checkpoint)
+    return state, EarlyStopping(**state.stopping)
+
+
+def train_epoch(run: Run, state: RunState, logs: TrainLog, progress: tqdm) -> list[float]:
+    """One epoch of optimizer steps (fewer when the run's last step comes first); returns each step's train loss."""
+    p, accelerator, model = run.p, run.accelerator, run.model
+    epoch = state.epoch + 1
+    run.batch_order.manual_seed(p.seed + epoch)
+    model.train()
+    step_losses, micro_losses = [], []
+    epoch_start = time.perf_counter()
+    for batch in run.train_dl:
+        step_start = time.perf_counter()
+        # forward, backward; the optimizer steps once every gradient_accumulation_steps batches
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and p.max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
+            run.optimizer.step()
+            run.optimizer.zero_grad()
+        micro_losses.append(loss.item())
+        state.samples += batch["labels"].shape[0] * accelerator.num_processes
+        state.real_tokens += int(batch["attention_mask"].sum())
+        state.padded_tokens += batch["attention_mask"].numel()
+        if not accelerator.sync_gradients:
+            continue
+        # after an optimizer step: learning rate, loss, progress, logs
+        run.scheduler.step()
+        state.step += 1
+        if state.step == 1 and p.torch_compile:
+            run.compile_seconds = time.perf_counter() - step_start
+        state.losses.append(sum(micro_losses) / len(micro_losses))
+        state.lrs.append(run.scheduler.get_last_lr()[0])
+        step_losses.append(state.losses[-1])
+        micro_losses = []
+        progress.update(1)
+        progress.set_postfix(epoch=epoch, loss=f"{state.losses[-1]:.4f}", lr=f"{state.lrs[-1]:.2e}")
+        logs.log_step(state.step, state.losses, state.lrs)
+        if state.step == run.schedule.total_steps:
+            break
+    state.train_seconds += time.perf_counter() - epoch_start
+    state.epoch = epoch
+    return step_losses
+
+
+def end_of_epoch(run: Run, state: RunState, stopping: EarlyStopping, step_losses: list[float], logs: TrainLog,
+                 paths: Paths) -> None:
+    """Validate, log the epoch, keep the model if it is the best so far (or every epoch without ``keep_best``),
+    and checkpoint the run."""
+    p = run.p
+    validation, _ = evaluate_split(run.model, run.val_dl, run.accelerator, load_metric())
+    entry = {"epoch": state.epoch, "train/loss": sum(step_losses) / len(step_losses),
+             **{f"validation/{name}": value for name, value in validation.items()}}
+    state.epoch_logs.append(entry)
+    improved = stopping.update(validation[p.metric_for_best], state.epoch)
+    state.stopping = asdict(stopping)
+    log.info("Epoch %d/%d: train loss %.4f | validation loss %.4f, accuracy %.4f, F1 %.4f%s", state.epoch,
+             run.schedule.epochs, entry["train/loss"], validation["loss"], validation["accuracy"], validation["f1"],
+             f" | best {p.metric_for_best} so far" if improved else
+             f" | no improvement for {stopping.bad_epochs} epoch(s)")
+    logs.log_epoch(entry)
+    if improved or not p.keep_best:
+        save_model(run.accelerator, run.model, run.tokenizer, paths.checkpoints / "best")
+    save_checkpoint(run.accelerator, paths.checkpoints, state)
+
+
+def save_model(accelerator: Accelerator, model, tokenizer, folder) -> None:
+    """``save_pretrained`` of the unwrapped model and the tokenizer into ``folder``, atomically (main process)."""
+    if accelerator.is_main_process:
+        with atomic_dir(folder) as tmp:
+            accelerator.unwrap_model(model, keep_torch_compile=False).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    accelerator.wait_for_everyone()
+
+
+def save_kept_model(run: Run, state: RunState, stopping: EarlyStopping, paths: Paths) -> None:
+    """Copy the kept epoch's model (``paths.checkpoints/best``) to ``paths.finetuned``, atomically."""
+    if stopping.should_stop and state.epoch < run.schedule.epochs:
+        log.info("Early stopping after epoch %d: %s did not improve for %d epochs (best %.4f, epoch %d)",
+                 state.epoch, run.p.metric_for_best, stopping.bad_epochs, stopping.best, stopping.best_epoch)
+    run.accelerator.wait_for_everyone()
+    if run.accelerator.is_main_process:
+        with atomic_dir(paths.finetuned) as tmp:
+            shutil.copytree(paths.checkpoints / "best", tmp, dirs_exist_ok=True)
+        kept_epoch = stopping.best_epoch if run.p.keep_best else state.epoch
+        log.info("Saved the model of epoch %d to %s", kept_epoch, paths.finetuned)
+
+
+def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_seconds: float) -> dict:
+    """The run's metrics/train.json.
+
+    ``final_loss`` (mean train loss over the last epoch), ``mean_loss`` (over all steps), ``steps`` (optimizer
+    steps), ``epochs`` (epochs run), ``best_epoch`` and ``best_validation_<metric>`` (the kept epoch by
+    ``metric_for_best``), ``stopped_early``, ``resumed_from_epoch`` (0: a fresh run), ``train_samples`` (examples
+    seen), ``train_seconds`` (wall seconds of the optimisation steps, validation excluded), ``samples_per_second``
+    (train samples/s), ``wall_seconds`` (the whole call: loading, training, validation, saving), ``peak_memory_mb``
+    (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``), ``parameters``, ``padding_fraction`` (padding / all tokens
+    of the training batches), ``real_tokens``, ``mixed_precision`` and, with ``torch_compile``, ``compile_seconds``.
+    """
+    p = run.p
+    kept = next(e for e in state.epoch_logs if e["epoch"] == stopping.best_epoch) if p.keep_best else \
+        state.epoch_logs[-1]
+    metrics = {
+        "final_loss": round(state.epoch_logs[-1]["train/loss"], 4),
+        "mean_loss": round(sum(state.losses) / len(state.losses), 4),
+        "steps": state.step,
+        "epochs": state.epoch,
+        "best_epoch": kept["epoch"],
+        f"best_validation_{p.metric_for_best}": round(kept[f"validation/{p.metric_for_best}"], 4),
+        "stopped_early": stopping.should_stop and state.epoch < run.schedule.epochs,
+        "resumed_from_epoch": run.resumed_from,
+        "train_samples": state.samples,
+        "train_seconds": round(state.train_seconds, 1),
+        "samples_per_second": round(state.samples / state.train_seconds, 2),
+        "wall_seconds": round(wall_seconds, 1),
+        "peak_memory_mb": peak_memory_mb(),
+        "parameters": run.parameters,
+        "padding_fraction": round(1 - state.real_tokens / state.padded_tokens, 4),
+        "real_tokens": state.real_tokens,
+        "mixed_precision": run.mixed_precision,
+    }
+    if run.compile_seconds is not None:
+        metrics["compile_seconds"] = round(run.compile_seconds, 1)
+    if torch.cuda.is_available():
+        metrics["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return metrics

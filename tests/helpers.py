@@ -1,0 +1,199 @@
+"""The test toolkit: tiny data, a tiny random BERT with the real tokenizer, tiny params taken from params.yaml,
+a tiny-project builder, a Hub-layout writer and one subprocess runner. Fixtures in conftest.py wrap them."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+
+from finetune.params import Params, Paths, validate_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What a clone holds that the pipeline needs to run (everything else is generated).
+PROJECT_CODE = ["stages", "finetune", "tools", "configs", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
+                ".dvc/.gitignore", ".dvc/plots"]
+
+# The tiny settings on top of params.yaml: a few fast steps of a 2-layer model, fp32, last epoch kept. Any key not
+# named here (a new param too) comes from params.yaml.
+TINY = {
+    "tokenize": {"max_length": 128},
+    "train": {"seed": 7, "epochs": 2, "batch_size": 8, "lr": 1e-3, "max_grad_norm": 1.0, "scheduler": "linear",
+              "warmup_steps": 2, "warmup_ratio": 0.0, "keep_best": False, "mixed_precision": "no", "log_every": 2,
+              "group_by_length": False, "adamw_impl": "default",
+              "accelerate_config": str(REPO / "configs/accelerate/default.yaml")},
+    "evaluate": {"batch_size": 8, "sort_by_length": False},
+}
+
+FEATURES = Features({
+    "sentence1": Value("string"),
+    "sentence2": Value("string"),
+    "label": ClassLabel(names=["not_equivalent", "equivalent"]),
+    "idx": Value("int32"),
+})
+SUBJECTS = ["The company", "The minister", "Shares of the bank", "The court", "Police", "The team", "Analysts", "The city"]
+EVENTS = ["reported higher profits on Tuesday", "rejected the appeal last week", "fell sharply after the announcement",
+          "said the plan would cost millions", "arrested two men near the station", "won the final in extra time"]
+
+
+def make_split(n: int, seed: int, labeled: bool = True) -> Dataset:
+    """``n`` sentence pairs: label 1 rephrases the same fact, label 0 pairs two different facts."""
+    rng = random.Random(seed)
+    rows = {"sentence1": [], "sentence2": [], "label": [], "idx": []}
+    for i in range(n):
+        subject, event = rng.choice(SUBJECTS), rng.choice(EVENTS)
+        label = int(rng.random() < 0.6)
+        other = event if label else rng.choice([e for e in EVENTS if e != event])
+        rows["sentence1"].append(f"{subject} {event}.")
+        rows["sentence2"].append(f"According to officials, {subject.lower()} {other}." if i % 3 else f"{subject} {other}!")
+        rows["label"].append(label if labeled else -1)
+        rows["idx"].append(i)
+    features = FEATURES if labeled else Features({**FEATURES, "label": Value("int64")})
+    return Dataset.from_dict(rows, features=features)
+
+
+def make_raw(train: int = 40, validation: int = 21, test: int = 19, seed: int = 0) -> DatasetDict:
+    """A tiny MRPC-like dataset: splits of the given sizes."""
+    return DatasetDict({"train": make_split(train, seed), "validation": make_split(validation, seed + 1),
+                        "test": make_split(test, seed + 2)})
+
+
+def make_checkpoint(folder: Path, tokenizer, **config) -> Path:
+    """A random 2-layer BERT (hidden 32, no head) saved with the real tokenizer into ``folder``, like a Hub checkpoint.
+
+    ``config``: BertConfig overrides (e.g. ``hidden_dropout_prob=0.0``).
+    """
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    settings = dict(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, max_position_embeddings=512)
+    BertModel(BertConfig(**{**settings, **config})).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tiny_params(**overrides: dict[str, Any]) -> Params:
+    """params.yaml with the ``TINY`` settings and then ``overrides`` (``train={"epochs": 3}``), validated."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    for changes in (TINY, overrides):
+        for section, values in changes.items():
+            raw[section].update(values)
+    return validate_params(raw, "tiny params")
+
+
+def write_params(root: Path, params: Params) -> None:
+    """``params`` as ``root/params.yaml``."""
+    (root / "params.yaml").write_text(yaml.safe_dump(params.model_dump(), sort_keys=False))
+
+
+def make_project(root: Path, params: Params, raw: DatasetDict | None = None, checkpoint: Path | None = None,
+                 code: bool = False) -> Paths:
+    """A project folder at ``root``: params.yaml; with ``raw`` and ``checkpoint`` the inputs of the train stage
+    (data/raw, data/tokenized by the pipeline's own tokenization, models/pretrained); with ``code`` the project's
+    code, configs and dvc.yaml, for running stages and DVC commands in it."""
+    from transformers import AutoTokenizer
+
+    from finetune.data import tokenize
+
+    root.mkdir(parents=True, exist_ok=True)
+    paths = Paths(root)
+    if raw is not None:
+        raw.save_to_disk(str(paths.raw))
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        tokenize(raw, tokenizer, params.tokenize.max_length).save_to_disk(str(paths.tokenized))
+        shutil.copytree(checkpoint, paths.pretrained)
+    for name in PROJECT_CODE if code else []:
+        src, dst = REPO / name, root / name
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    write_params(root, params)
+    return paths
+
+
+def write_hub_folder(root: Path, splits: dict | None, config: str = "mrpc") -> Path:
+    """``root`` laid out like the Hub repo nyu-mll/glue: ``<config>/<split>-00000-of-00001.parquet`` and a README.md
+    whose ``configs:`` header lists the splits. ``splits`` maps a split to a DataFrame or Dataset (written as
+    parquet), bytes (the file's raw content) or None (listed in the README, no file). ``{}``: an empty folder;
+    None: no folder at all.
+    """
+    if splits is None:
+        return root
+    root.mkdir(parents=True)
+    if not splits:
+        return root
+    (root / config).mkdir()
+    for split, data in splits.items():
+        file = root / config / f"{split}-00000-of-00001.parquet"
+        if isinstance(data, bytes):
+            file.write_bytes(data)
+        elif isinstance(data, Dataset):
+            data.to_parquet(str(file))
+        elif data is not None:
+            data.to_parquet(file, index=False)
+    header = ["---", "configs:", f"- config_name: {config}", "  data_files:"]
+    header += [f"  - split: {split}\n    path: {config}/{split}-*" for split in splits]
+    (root / "README.md").write_text("\n".join([*header, "---", "", "Test data."]))
+    return root
+
+
+def project_env(**extra: str) -> dict:
+    """The environment of a command run in a test project: offline, this venv's python and dvc first on PATH,
+    the repository importable, git identity set."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@example.com", **extra}
+
+
+def start(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in ``cwd`` (output and errors together, as text) with the default SIGINT disposition.
+
+    A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt handler:
+    the command gets the disposition a terminal gives it, whatever started pytest.
+    """
+    return subprocess.Popen(cmd, cwd=cwd, env=env or project_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def run(cmd: list[str], cwd: Path, env: dict | None = None, ok: bool = True, timeout: float = 600) -> str:
+    """Run ``cmd`` to its end; return its output. With ``ok`` (default) a non-zero exit fails the test with the
+    command and the end of its output; with ``ok=False`` a zero exit does."""
+    process = start(cmd, cwd, env)
+    output, _ = process.communicate(timeout=timeout)
+    if ok:
+        assert process.returncode == 0, f"{' '.join(cmd)} failed ({process.returncode}):\n{output[-4000:]}"
+    else:
+        assert process.returncode != 0, f"{' '.join(cmd)} succeeded, expected a failure:\n{output[-4000:]}"
+    return output
+
+
+def python(*args: str) -> list[str]:
+    """A command line running this interpreter: ``python(-m, stages.train)``."""
+    return [sys.executable, *args]
+
+
+def dvc(*args: str) -> list[str]:
+    """A command line running this venv's DVC."""
+    return [str(Path(sys.executable).parent / "dvc"), *args]
+
+
+def reset_accelerate() -> None:
+    """Accelerate keeps one AcceleratorState per process; forget it so the next Accelerator may differ."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)

@@ -1,0 +1,57 @@
+"""Render every plot that dvc.yaml declares, for the workspace, into one PNG grid (the README's docs/plots.png).
+
+Not a pipeline stage: a command for the docs, e.g. after a real run of the pipeline
+
+    python -m tools.plots_png --out docs/plots.png
+
+The plots come from ``dvc plots show --json`` (the Vega-Lite specs that ``dvc plots show`` draws, data included),
+each rendered to SVG with vl-convert, laid out in a grid and rasterised to PNG: no browser needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+from pathlib import Path
+
+import vl_convert
+
+from finetune.runtime import run_stage
+from tools.report import dvc
+
+log = logging.getLogger(__name__)
+
+
+def grid_svg(svgs: list[str], columns: int, gap: float = 16) -> str:
+    """One SVG holding ``svgs`` in rows of ``columns``, each cell as wide as the widest plot of its column."""
+    sizes = [(float(re.search(r'width="([\d.]+)"', s).group(1)), float(re.search(r'height="([\d.]+)"', s).group(1)))
+             for s in svgs]
+    widths = [max(w for w, _ in sizes[c::columns]) for c in range(columns)]
+    cells, y = [], 0.0
+    for row in range(0, len(svgs), columns):
+        x = 0.0
+        for c, svg in enumerate(svgs[row:row + columns]):
+            cells.append(f'<g transform="translate({x},{y})">{svg}</g>')
+            x += widths[c] + gap
+        y += max(h for _, h in sizes[row:row + columns]) + gap
+    width = sum(widths) + gap * (columns - 1)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y - gap}">'
+            f'<rect width="100%" height="100%" fill="white"/>{"".join(cells)}</svg>')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("docs/plots.png"), help="the PNG to write")
+    parser.add_argument("--columns", type=int, default=2)
+    args = parser.parse_args()
+    plots = json.loads(dvc("plots", "show", "--json"))["data"]
+    svgs = [vl_convert.vegalite_to_svg(entries[0]["content"]) for entries in plots.values() if entries]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(vl_convert.svg_to_png(grid_svg(svgs, args.columns), scale=1.5))
+    log.info("Wrote %s: %d plots (%s)", args.out, len(svgs), ", ".join(plots))
+
+
+if __name__ == "__main__":
+    run_stage(main)
