@@ -96,10 +96,15 @@ def train(params: Params, paths: Paths) -> dict:
 
     Returns:
         metrics, see ``final_metrics``.
+
+    Raises:
+        CheckpointError: ``paths.pretrained`` lacks config, weights or tokenizer, or has a head of another size.
     """
     start = time.perf_counter()
+    # the run: model, data, optimizer, schedule; then a fresh state or the last checkpoint's
     run = build_run(params, paths)
     state, stopping = start_or_resume(run, paths)
+    # epochs: train, then validate, early-stop, keep the best, checkpoint; logs replayed first on resume
     with TrainLog.open(paths.train_logs, run.accelerator.is_main_process, run.p.log_every,
                        run.schedule.total_steps) as logs:
         logs.replay(state.losses, state.lrs, state.epoch_logs)
@@ -110,6 +115,7 @@ def train(params: Params, paths: Paths) -> dict:
             end_of_epoch(run, state, stopping, step_losses, logs, paths)
         progress.close()
         save_kept_model(run, state, stopping, paths)
+    # the run's metrics/train.json
     return final_metrics(run, state, stopping, time.perf_counter() - start)
 
 

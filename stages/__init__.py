@@ -1,1 +1,2 @@
-"""The pipeline's stages, one module each (run as ``python -m stages.<name>``), and the code they share."""
+"""The pipeline's five stages, in order: download, tokenize, collate_check, train, evaluate (dvc.yaml runs each
+as ``python -m stages.<name>``; train and evaluate under ``accelerate launch``)."""

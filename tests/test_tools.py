@@ -1,4 +1,5 @@
-"""The seed summary groups experiments that differ only in their seed: mean, sample std, values."""
+"""The tools: the seed summary groups experiments that differ only in their seed (mean, sample std, values); the
+plots grid lays out every plot."""
 
 import pandas as pd
 import pytest
@@ -24,3 +25,12 @@ def test_seeds_of_one_configuration_are_summarised_together():
     assert other["validation.accuracy"]["std"] == pytest.approx(0.02)  # sample std (n - 1)
     table = markdown(configurations, varying)
     assert "| 0.0001 | 3 | 42,1,2 | 0.8200 ± 0.0200 | 0.8700 ± 0.0100 | 2.7 ± 0.6 |" in table
+
+
+def test_the_plots_grid_places_every_plot():
+    from tools.plots_png import grid_svg
+
+    plot = '<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}"></svg>'
+    svg = grid_svg([plot.format(w=100, h=50), plot.format(w=80, h=60), plot.format(w=120, h=40)], columns=2, gap=10)
+    assert 'width="210.0" height="110.0"' in svg  # columns 120 + 80 wide, rows 60 + 40 high, gaps of 10
+    assert svg.count("<g transform") == 3 and 'translate(130.0,0.0)' in svg and 'translate(0.0,70.0)' in svg
