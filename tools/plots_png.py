@@ -45,11 +45,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/plots.png"), help="the PNG to write")
     parser.add_argument("--columns", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=1.0, help="pixels per SVG unit")
     args = parser.parse_args()
     plots = json.loads(dvc("plots", "show", "--json"))["data"]
     svgs = [vl_convert.vegalite_to_svg(entries[0]["content"]) for entries in plots.values() if entries]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(vl_convert.svg_to_png(grid_svg(svgs, args.columns), scale=1.5))
+    args.out.write_bytes(vl_convert.svg_to_png(grid_svg(svgs, args.columns), scale=args.scale))
     log.info("Wrote %s: %d plots (%s)", args.out, len(svgs), ", ".join(plots))
 
 
