@@ -15,7 +15,7 @@ GOOD = yaml.safe_load((REPO / "params.yaml").read_text())
 def test_committed_params_hold_the_chosen_defaults():
     p = load_params(REPO / "params.yaml")
     assert p.model.checkpoint == "sentence-transformers/all-MiniLM-L6-v2"
-    # Chosen on validation by the sweep (README, "How the defaults were chosen"; metrics/sweeps/).
+    # Chosen on validation by the sweep (metrics/sweeps/README.md).
     assert (p.train.epochs, p.train.batch_size, p.train.lr, p.train.warmup_ratio, p.train.weight_decay) == (
         3, 16, 1e-4, 0.06, 0.01)
     assert (p.train.scheduler, p.train.seed, p.train.metric_for_best, p.train.keep_best) == ("cosine", 42, "f1", True)
