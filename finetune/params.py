@@ -196,7 +196,7 @@ class Paths:
         return self.root / "models" / "finetuned"
 
     @property
-    def checkpoints(self) -> Path:  # train: accelerator.save_state per epoch, for train.resume (persist: true)
+    def checkpoints(self) -> Path:  # train: accelerator.save_state per epoch, for train.resume (not a DVC output)
         return self.root / "models" / "checkpoints"
 
     @property

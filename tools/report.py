@@ -72,8 +72,8 @@ def write_report(base: str = "main", rev: str = WORKSPACE, out_dir: Path = Path(
         ReportError: a dvc command failed, e.g. on a revision that is neither in git nor an experiment.
     """
     revs = [base] + ([] if rev == WORKSPACE else [rev])  # DVC resolves branches, commits and experiment names
-    params = dvc("params", "diff", *revs, "--md").strip() or "No params changed."
-    metrics = dvc("metrics", "diff", *revs, "--md", "--precision", "4").strip() or "No metrics changed."
+    params = _rows_or(dvc("params", "diff", *revs, "--md"), "No params changed.")
+    metrics = _rows_or(dvc("metrics", "diff", *revs, "--md", "--precision", "4"), "No metrics changed.")
     images = render_plots(revs, out_dir / "plots", KEY_PLOTS)
 
     lines = [f"# MRPC fine-tuning: `{rev}` compared with `{base}`", "",
@@ -86,6 +86,12 @@ def write_report(base: str = "main", rev: str = WORKSPACE, out_dir: Path = Path(
     report.write_text("\n".join(lines))
     log.info("Wrote %s (%d plots)", report, len(images))
     return report
+
+
+def _rows_or(table: str, nothing: str) -> str:
+    """A Markdown table from ``dvc ... diff --md``, or ``nothing`` when it has no rows (DVC prints the header alone
+    or nothing at all)."""
+    return table.strip() if len(table.strip().splitlines()) > 2 else nothing
 
 
 def main(argv: list[str] | None = None) -> None:
