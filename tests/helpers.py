@@ -3,6 +3,7 @@ a tiny-project builder, a Hub-layout writer and one subprocess runner. Fixtures 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -190,6 +191,17 @@ def python(*args: str) -> list[str]:
 def dvc(*args: str) -> list[str]:
     """A command line running this venv's DVC."""
     return [str(Path(sys.executable).parent / "dvc"), *args]
+
+
+def exp_show(root: Path) -> dict[str, dict]:
+    """``dvc exp show --json`` as {experiment name or rev: its data} for every commit and experiment with metrics."""
+    runs = {}
+    for commit in json.loads(run(dvc("exp", "show", "--json"), root)):
+        entries = [commit] + [rev for group in commit.get("experiments") or [] for rev in group["revs"]]
+        for entry in entries:
+            if entry["data"] and entry["data"].get("metrics"):
+                runs[entry.get("name") or entry["rev"]] = entry["data"]
+    return runs
 
 
 def reset_accelerate() -> None:

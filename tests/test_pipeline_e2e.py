@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import dvc, make_project, python, run, tiny_params
+from tests.helpers import dvc, exp_show, make_project, python, run, tiny_params
 
 pytestmark = pytest.mark.e2e
 
@@ -29,17 +29,6 @@ def project(tmp_path_factory, hub_layout_dataset, tiny_checkpoint) -> Path:
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
         run(cmd, root)
     return root
-
-
-def exp_show(root: Path) -> dict[str, dict]:
-    """``dvc exp show --json`` as {experiment name or rev: its data} for every commit and experiment with metrics."""
-    runs = {}
-    for commit in json.loads(run(dvc("exp", "show", "--json"), root)):
-        entries = [commit] + [rev for group in commit.get("experiments") or [] for rev in group["revs"]]
-        for entry in entries:
-            if entry["data"] and entry["data"].get("metrics"):
-                runs[entry.get("name") or entry["rev"]] = entry["data"]
-    return runs
 
 
 def lr_of(data: dict) -> float:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tests.helpers import REPO, dvc, make_project, project_env, python, run, tiny_params
+from tests.helpers import REPO, dvc, exp_show, make_project, project_env, python, run, tiny_params
 
 pytestmark = pytest.mark.e2e
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -98,8 +98,7 @@ def test_a_sweep_over_two_workers_is_summarised_by_a_collector(team, tmp_path):
     assert {"tiny-s1", "tiny-s2"} == set(result["experiments"])
     assert "| 2 |" in summary.read_text()  # the table on the run's page: n = 2
     # The pulled experiments are whole: params, metrics and plots data.
-    shown = {e.get("name"): e["data"] for commit in json.loads(run(dvc("exp", "show", "--json"), collector))
-             for group in commit.get("experiments") or [] for e in group["revs"]}
+    shown = exp_show(collector)
     assert shown["tiny-s2"]["params"]["params.yaml"]["data"]["train"]["lr"] == 5e-4
     assert "validation" in shown["tiny-s2"]["metrics"]["metrics/eval.json"]["data"]
     # (The sweep evaluated validation only, so DVC warns that the test-split plots are missing.)
@@ -127,8 +126,7 @@ def test_the_queue_runs_two_experiments_at_once(team):
         assert time.time() < deadline, status
         time.sleep(3)
     assert status.count("Success") == 2, status
-    runs = {e.get("name"): e["data"] for commit in json.loads(run(dvc("exp", "show", "--json"), local))
-            for group in commit.get("experiments") or [] for e in group["revs"]}
+    runs = exp_show(local)
     for name in ("q-s1", "q-s2"):
         assert runs[name]["params"]["params.yaml"]["data"]["train"]["seed"] == int(name[-1])
         assert "f1" in runs[name]["metrics"]["metrics/eval.json"]["data"]["validation"]
