@@ -1,42 +1,51 @@
-"""The MRPC dataset: loading a folder laid out like the Hub repo, the rules its rows must obey, tokenization.
+"""The data: loading a Hub-layout folder or the user's own files, the rules rows must obey, preparing the splits for
+any task (labels to ids, a validation split carved from train when there is none), tokenization.
 
-Follows the Hugging Face course, chapter 3 "A full training":
+Tokenization follows the Hugging Face course, chapter 3 "A full training":
 https://huggingface.co/learn/llm-course/chapter3/4
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasets import Dataset, DatasetDict, load_dataset_builder
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Value, load_dataset, load_dataset_builder
 from datasets.exceptions import DatasetGenerationError, DatasetsError
 from transformers import PreTrainedTokenizerBase
 
 from finetune.errors import DataError
+from finetune.params import DataParams
+from finetune.tasks import GLUE_TASKS, Task, glue_task, own_task
 
-TEXT_COLUMNS = ("sentence1", "sentence2")
-RAW_COLUMNS = ("sentence1", "sentence2", "label", "idx")
-SPLITS = ("train", "validation", "test")
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test", "validation_mismatched", "test_mismatched")  # kept, in this order
 UNLABELED = -1  # the Hub's GLUE test splits carry label -1
-
 
 # What datasets and pyarrow raise on a bad folder: no data files (FileNotFoundError, DataFilesNotFoundError,
 # EmptyDatasetError), an unknown config or mismatched files (ValueError), an unreadable file (ArrowInvalid, OSError).
 LOAD_ERRORS = (OSError, ValueError, DatasetsError, pa.ArrowException)
 
+# The user's own files: suffix -> (datasets' packaged builder, its options).
+FILE_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}),
+                ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
 
-def load_raw(folder: str, config: str) -> DatasetDict:
+
+def load_raw(folder: str, config: str, columns: dict[str, list[str]] | None = None) -> DatasetDict:
     """``load_dataset(folder, config)`` with one-line errors instead of tracebacks from inside the libraries.
 
     Done in load_dataset's own two steps (find the data files, then build), with the parquet files checked in
-    between (``check_parquet_split``), so a corrupt file or a split without rows is named before the build.
-    The build goes to a temporary cache and is read into memory (MRPC is about 1 MB): datasets' cache key for a
-    config of a folder's README ignores the files' content, so a shared cache could return the old rows of an
-    edited folder (https://github.com/huggingface/datasets/issues/2956).
+    between (``check_parquet_split``, against ``columns``: split -> the columns it must have), so a corrupt file or
+    a split without rows is named before the build. The build goes to a temporary cache and is read into memory:
+    datasets' cache key for a config of a folder's README ignores the files' content, so a shared cache could
+    return the old rows of an edited folder (https://github.com/huggingface/datasets/issues/2956).
 
     Raises:
         DataError: the folder has no data files for ``config``, ``config`` is unknown, a data file is unreadable,
@@ -49,7 +58,7 @@ def load_raw(folder: str, config: str) -> DatasetDict:
         except LOAD_ERRORS as err:
             raise DataError(f"{folder} (config {config!r}): cannot load: {_reason(err)}") from err
         for split, files in (builder.config.data_files or {}).items():
-            check_parquet_split(folder, config, split, [str(f) for f in files])
+            check_parquet_split(folder, config, split, [str(f) for f in files], (columns or {}).get(split, []))
         try:
             builder.download_and_prepare()
             return builder.as_dataset(in_memory=True)
@@ -57,8 +66,8 @@ def load_raw(folder: str, config: str) -> DatasetDict:
             raise DataError(f"{folder} (config {config!r}): cannot load: {_reason(err)}") from err
 
 
-def check_parquet_split(folder: str, config: str, split: str, files: list[str]) -> None:
-    """Read the footer of each parquet file of ``split``: readable, with the MRPC columns, and rows in the split.
+def check_parquet_split(folder: str, config: str, split: str, files: list[str], columns: list[str]) -> None:
+    """Read the footer of each parquet file of ``split``: readable, with ``columns``, and rows in the split.
 
     Files of other formats are left to the build. A column missing from one split's file must be caught here:
     the build would fill it with nulls from the other splits' schema.
@@ -76,13 +85,36 @@ def check_parquet_split(folder: str, config: str, split: str, files: list[str]) 
             metadata = pq.read_metadata(file)
         except LOAD_ERRORS as err:
             raise DataError(f"{where}: {name} is not a readable parquet file: {_reason(err)}") from err
-        missing = [c for c in RAW_COLUMNS if c not in metadata.schema.names]
+        missing = [c for c in columns if c not in metadata.schema.names]
         if missing:
             raise DataError(f"{where}: {name} lacks column(s) {missing}; has {metadata.schema.names}")
         rows += metadata.num_rows
     if parquet and len(parquet) == len(files) and rows == 0:
         names = ", ".join(os.path.relpath(f, folder) for f in parquet)
         raise DataError(f"{where} is empty (no rows in {names})")
+
+
+def load_files(files: dict[str, Path]) -> DatasetDict:
+    """The user's own files, one per split, each read by datasets' packaged builder for its suffix
+    (``FILE_FORMATS``: CSV, TSV, JSON / JSON Lines, Parquet) into memory.
+
+    Raises:
+        DataError: a file is missing, has an unknown suffix or can't be parsed; naming the file and the split.
+    """
+    splits = {}
+    for split, file in files.items():
+        if not Path(file).is_file():
+            raise DataError(f"{file}: split {split!r}: file not found (params.yaml data.files.{split})")
+        if Path(file).suffix.lower() not in FILE_FORMATS:
+            raise DataError(f"{file}: split {split!r}: unknown format; use one of {', '.join(FILE_FORMATS)}")
+        builder, options = FILE_FORMATS[Path(file).suffix.lower()]
+        with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache_dir:
+            try:
+                splits[split] = load_dataset(builder, data_files={split: str(file)}, split=split, cache_dir=cache_dir,
+                                             keep_in_memory=True, **options)
+            except LOAD_ERRORS as err:
+                raise DataError(f"{file}: split {split!r}: cannot read: {_reason(err)}") from err
+    return DatasetDict(splits)
 
 
 def _reason(err: BaseException) -> str:
@@ -92,101 +124,292 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
-def check_raw(raw: DatasetDict, source: str) -> None:
-    """Check that ``raw`` looks like MRPC, before anything is saved. The rules, in the order they are checked:
+def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple[DatasetDict, Task]:
+    """Check ``raw`` against the rules and bring it to the pipeline's shape; return it and its Task.
 
-    - the splits train, validation and test exist, each with the columns sentence1, sentence2, label and idx,
-      and at least one row;
-    - no label is missing (null); train and validation labels are in {0, 1}; test labels are in {0, 1} or all -1
-      (unlabeled, as on the Hub);
-    - no sentence is null, empty or only whitespace. This is an error, not a row quietly dropped: MRPC has none,
-      so one means a damaged file, and dropping rows would change the split that metrics are compared on;
-    - no idx appears twice in a split (predictions are matched to rows by idx).
+    The shape: splits among ``SPLITS`` (MNLI's ``validation_matched`` / ``test_matched`` renamed), each with the
+    task's text columns (strings), ``label`` (a ``ClassLabel`` of the class names, or float32 for regression;
+    absent in an unlabeled split) and ``idx`` (the data's own, else the 0-based row number); other columns dropped.
 
-    Every check is vectorised (pandas), so the full MRPC splits take milliseconds.
+    The task: a GLUE task by ``p.config``; own data by ``p.text_columns`` and ``p.label_column``, with class
+    names from the label's ``ClassLabel`` feature, else ``p.label_names`` (their order is the id order; labels may
+    be names or ids), else the sorted distinct labels of train. Float labels, or ``p.task_type: regression``,
+    make it regression.
+
+    The rules, each checked on every split before anything is saved: a train split; the text and label columns
+    (test may lack the label, or hold -1 / nulls throughout: unlabeled); rows in every split; no null, empty or
+    whitespace-only text (an error, not a row dropped quietly: dropping rows would change the split that metrics
+    are compared on); labels not null, of one type across splits, among the class names (classification) or
+    finite numbers (regression); no idx twice in a split; at least two classes in train, and none in another split
+    that train lacks. Vectorised (pandas): the full SST-2 train split takes well under a second.
+
+    Args:
+        where: split -> what to name in errors (the dataset folder, or the user's file).
 
     Raises:
-        DataError: naming ``source``, the split, the offending row (its idx; for a repeated idx, the 0-based
-            row numbers) and the rule.
+        DataError: naming the folder or file, the split, the row (``idx=``, or its 0-based number) and the rule.
     """
-    missing_splits = [s for s in SPLITS if s not in raw]
-    if missing_splits:
-        raise DataError(f"{source}: missing split(s) {missing_splits}; found {list(raw)}")
-    for split in SPLITS:
-        ds = raw[split]
-        missing = [c for c in RAW_COLUMNS if c not in ds.column_names]
+    if p.glue_task:
+        raw = DatasetDict({GLUE_TASKS[p.glue_task].splits.get(s, s): ds for s, ds in raw.items()})
+        where = {GLUE_TASKS[p.glue_task].splits.get(s, s): w for s, w in where.items()}
+    raw = DatasetDict({s: raw[s] for s in SPLITS if s in raw})
+    anywhere = next(iter(where.values()), "data")
+    if "train" not in raw:
+        raise DataError(f"{anywhere}: no train split; found {list(raw)}")
+    text_columns = GLUE_TASKS[p.glue_task].text_columns if p.glue_task else tuple(p.text_columns)
+    label_column = "label" if p.glue_task else p.label_column
+    frames = {}
+    for split, ds in raw.items():
+        missing = [c for c in text_columns if c not in ds.column_names]
+        if split in ("train", "validation") and label_column not in ds.column_names:
+            missing.append(label_column)
         if missing:
-            raise DataError(f"{source}: split {split!r} lacks column(s) {missing}; has {ds.column_names}")
+            raise DataError(f"{where[split]}: split {split!r} lacks column(s) {missing}; has {ds.column_names}")
         if len(ds) == 0:
-            raise DataError(f"{source}: split {split!r} is empty")
-        df = ds.select_columns(list(RAW_COLUMNS)).to_pandas()
+            raise DataError(f"{where[split]}: split {split!r} is empty")
+        frames[split] = _frame(ds, text_columns, label_column)
+        _check_text(frames[split], text_columns, where[split], split)
+        _check_idx(frames[split], where[split], split)
 
-        labels = df["label"]
-        allowed = {0, 1, UNLABELED} if split == "test" else {0, 1}
-        null = np.flatnonzero(labels.isna().to_numpy())
-        if null.size:
-            raise DataError(f"{_row(source, split, df, null[0])}: label is missing (null); "
-                            f"every row needs a label in {sorted(allowed)}")
-        bad = np.flatnonzero(~labels.isin(allowed).to_numpy())
+    regression = GLUE_TASKS[p.glue_task].label_names is None if p.glue_task else _is_regression(raw["train"], p)
+    names, ids = (None, False) if regression else _label_names(raw["train"], frames, p, where)
+    labels = {split: _encode_labels(df, split, where[split], names, ids) for split, df in frames.items()}
+    if names is not None:
+        _check_classes(labels, names, where)
+    try:
+        task = glue_task(p.glue_task) if p.glue_task else own_task(text_columns, names, p.positive_label)
+    except ValueError as err:
+        raise DataError(f"{where['train']}: {err}") from None
+
+    label_feature = Value("float32") if regression else ClassLabel(names=list(names))
+    prepared = {}
+    for split, df in frames.items():
+        columns = {c: df[c].astype(str).tolist() for c in text_columns}
+        features = {c: Value("string") for c in text_columns}
+        if labels[split] is not None:
+            columns["label"], features["label"] = labels[split].tolist(), label_feature
+        columns["idx"], features["idx"] = df["idx"].astype("int64").tolist(), Value("int64")
+        prepared[split] = Dataset.from_dict(columns, features=Features(features))
+    return DatasetDict(prepared), task
+
+
+def _frame(ds: Dataset, text_columns: tuple[str, ...], label_column: str) -> pd.DataFrame:
+    """The split's text columns, ``label`` (None throughout when absent) and ``idx`` (0-based rows when absent)."""
+    columns = [c for c in dict.fromkeys([*text_columns, label_column, "idx"]) if c in ds.column_names]
+    df = ds.select_columns(columns).to_pandas()
+    df["label"] = df[label_column] if label_column in df else None
+    if "idx" not in ds.column_names:
+        df["idx"] = np.arange(len(df))
+    return df
+
+
+def _row(where: str, split: str, df: pd.DataFrame, row: int) -> str:
+    """Where a row is, for a DataError: ``<where>: split '<split>' row idx=<idx>``."""
+    return f"{where}: split {split!r} row idx={df['idx'].iat[row]}"
+
+
+def _check_text(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, split: str) -> None:
+    for column in text_columns:
+        text = df[column]
+        empty = np.flatnonzero((text.isna() | (text.astype(str).str.strip() == "")).to_numpy())
+        if empty.size:
+            raise DataError(f"{_row(where, split, df, empty[0])}: empty {column} (null, empty or only whitespace)")
+
+
+def _check_idx(df: pd.DataFrame, where: str, split: str) -> None:
+    repeated = df["idx"].duplicated(keep=False).to_numpy()
+    if repeated.any():
+        first = df["idx"].to_numpy()[repeated][0]
+        rows = np.flatnonzero((df["idx"] == first).to_numpy()).tolist()
+        others = df["idx"][repeated].nunique() - 1
+        more = f" (and {others} more repeated idx values)" if others else ""
+        raise DataError(f"{where}: split {split!r}: idx={first} is repeated in rows {rows}{more}; each idx must be unique")
+
+
+def _missing(labels: pd.Series) -> np.ndarray:
+    """Null, NaN or empty-string labels, as a boolean array."""
+    return (labels.isna() | (labels.astype(str).str.strip() == "")).to_numpy()
+
+
+def _label_kind(value) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, (int, np.integer)):
+        return "integer"
+    if isinstance(value, (float, np.floating)):
+        return "float"
+    return "string"
+
+
+def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str]) -> str:
+    """The one kind (string, integer, float, bool) of every label of every split; ``integer`` for whole floats.
+
+    Raises:
+        DataError: two kinds of label, within a split or across splits; naming the first row of the second kind.
+    """
+    first = None
+    for split, df in frames.items():
+        present = np.flatnonzero(~_missing(df["label"]))
+        kinds = np.array([_label_kind(v) for v in df["label"].to_numpy()[present]])
+        for i, kind in zip(present, kinds):
+            if first is None:
+                first = (kind, split)
+            elif kind != first[0]:
+                raise DataError(f"{_row(where[split], split, df, i)}: label {df['label'].iat[i]!r} is a {kind}, but "
+                                f"split {first[1]!r} has {first[0]} labels; labels must be of one type")
+    return first[0] if first else "integer"
+
+
+def _is_regression(train: Dataset, p: DataParams) -> bool:
+    if isinstance(train.features.get(p.label_column), ClassLabel):
+        return False
+    if p.task_type is not None:
+        return p.task_type == "regression"
+    return train.features[p.label_column].dtype.startswith("float")
+
+
+def _label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
+                 where: dict[str, str]) -> tuple[tuple[str, ...], bool]:
+    """``(names, ids)``: the class names in id order, and whether numeric labels are ids into them (True) or the
+    names themselves (labels 1, 2, 5 read off the data). Names come from GLUE's task, the label's ClassLabel,
+    ``p.label_names``, else train's sorted distinct labels.
+
+    Raises:
+        DataError: labels of two types (``_check_label_kinds``).
+    """
+    if p.glue_task:
+        return GLUE_TASKS[p.glue_task].label_names, True
+    feature = train.features.get(p.label_column)
+    if isinstance(feature, ClassLabel):
+        return tuple(feature.names), True
+    kind = _check_label_kinds(frames, where)
+    if p.label_names is not None:
+        return tuple(p.label_names), kind != "string"
+    labels = frames["train"]["label"]
+    values = sorted(set(_plain(v) for v in labels[~_missing(labels)].tolist()))
+    return tuple(str(v) for v in values), False
+
+
+def _encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ...] | None,
+                   ids: bool) -> np.ndarray | None:
+    """The split's labels as class ids (or float scores for regression, ``names`` None); None when unlabeled.
+
+    ``ids``: numeric labels are ids into ``names`` (else every label is matched to a name as text).
+
+    Raises:
+        DataError: a null, unknown or non-numeric label, or -1 among labeled rows; naming the row.
+    """
+    labels = df["label"]
+    missing = _missing(labels)
+    marker = np.array([_label_kind(v) in ("integer", "float") and v == UNLABELED for v in labels], dtype=bool)
+    if split.startswith("test") and (missing | marker).all():
+        return None  # an unlabeled test split: predictions only
+    if marker.any() and split.startswith("test") and names is not None and ids:
+        raise DataError(f"{_row(where, split, df, np.flatnonzero(marker)[0])}: label -1 (unlabeled) among labeled "
+                        "rows; the test split is labeled throughout or -1 throughout")
+    if missing.any():
+        rule = "a number (regression)" if names is None else f"a label in {list(names)}"
+        raise DataError(f"{_row(where, split, df, np.flatnonzero(missing)[0])}: label is missing (null); "
+                        f"every row needs {rule}")
+    if names is None:
+        scores = pd.to_numeric(labels, errors="coerce").to_numpy(dtype="float64")
+        bad = np.flatnonzero(~np.isfinite(scores))
         if bad.size:
-            raise DataError(f"{_row(source, split, df, bad[0])}: label {labels.iat[bad[0]]} not in {sorted(allowed)}")
-        unlabeled = np.flatnonzero((labels == UNLABELED).to_numpy())
-        if 0 < unlabeled.size < len(labels):
-            raise DataError(f"{_row(source, split, df, unlabeled[0])}: label -1 (unlabeled) among labeled rows; "
-                            "the test split is labeled throughout or -1 throughout")
-
-        for column in TEXT_COLUMNS:
-            text = df[column]
-            empty = np.flatnonzero((text.isna() | (text.astype(str).str.strip() == "")).to_numpy())
-            if empty.size:
-                raise DataError(f"{_row(source, split, df, empty[0])}: empty {column} "
-                                "(null, empty or only whitespace)")
-
-        repeated = df["idx"].duplicated(keep=False).to_numpy()
-        if repeated.any():
-            first = df["idx"].to_numpy()[repeated][0]
-            rows = np.flatnonzero((df["idx"] == first).to_numpy()).tolist()
-            others = df["idx"][repeated].nunique() - 1
-            more = f" (and {others} more repeated idx values)" if others else ""
-            raise DataError(f"{source}: split {split!r}: idx={first} is repeated in rows {rows}{more}; "
-                            "each idx must be unique")
+            raise DataError(f"{_row(where, split, df, bad[0])}: label {_plain(labels.iat[bad[0]])!r} is not a finite "
+                            "number (regression labels are numbers)")
+        return scores.astype("float32")
+    values = labels.to_numpy()
+    if ids and _label_kind(values[0]) != "string":
+        numbers = values.astype("float64")
+        bad = np.flatnonzero(~np.isin(numbers, np.arange(len(names))))
+        if bad.size:
+            raise DataError(f"{_row(where, split, df, bad[0])}: label {_plain(values[bad[0]])} not in "
+                            f"{list(range(len(names)))} (the ids of {list(names)})")
+        return numbers.astype("int64")
+    position = {name: i for i, name in enumerate(names)}
+    text = np.array([str(_plain(v)) for v in values])
+    bad = np.flatnonzero(~np.isin(text, list(position)))
+    if bad.size:
+        raise DataError(f"{_row(where, split, df, bad[0])}: label {text[bad[0]]!r} not in {list(names)}")
+    return np.array([position[t] for t in text], dtype="int64")
 
 
-def _row(source: str, split: str, df, row: int) -> str:
-    """Where a row is, for a DataError: ``<source>: split '<split>' row idx=<idx>``."""
-    return f"{source}: split {split!r} row idx={df['idx'].iat[row]}"
+def _plain(value):
+    """A label as the user wrote it: 2 rather than 2.0 or np.int64(2)."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    return value.item() if isinstance(value, np.generic) else value
 
 
-def is_labeled(ds: Dataset, label_column: str = "labels") -> bool:
-    """True when the split carries real labels (the Hub's GLUE test split has -1 everywhere)."""
-    return bool(len(ds)) and int(np.asarray(ds[label_column]).min()) != UNLABELED
+def _check_classes(labels: dict[str, np.ndarray | None], names: tuple[str, ...], where: dict[str, str]) -> None:
+    """Train holds at least two classes, and every class of another labeled split is in train."""
+    seen = set(np.unique(labels["train"]).tolist())
+    if len(seen) < 2:
+        raise DataError(f"{where['train']}: split 'train' has one class only ({names[seen.pop()]!r}); "
+                        "a classifier needs at least two")
+    for split, ids in labels.items():
+        unseen = sorted(set(np.unique(ids).tolist()) - seen) if ids is not None else []
+        if unseen:
+            raise DataError(f"{where[split]}: split {split!r} has class {names[unseen[0]]!r}, which train lacks; "
+                            "the model can't learn it")
 
 
-def label_balance(ds: Dataset) -> dict:
-    """Rows and label counts of a raw split: ``{"rows": n, "label_0": n0, "label_1": n1, "label_1_fraction": f}``."""
+def carve_validation(train: Dataset, fraction: float, seed: int, stratify: bool) -> tuple[Dataset, Dataset]:
+    """``(train, validation)``: a seeded split of ``fraction`` of train rows, stratified by label for
+    classification (``Dataset.train_test_split``), for data that has no validation split."""
+    parts = train.train_test_split(test_size=fraction, seed=seed, stratify_by_column="label" if stratify else None)
+    return parts["train"], parts["test"]
+
+
+def split_summary(ds: Dataset, task: Task) -> dict:
+    """Rows and labels of a prepared split: per class name (count and fraction), or score mean, std, min and max."""
+    summary = {"rows": len(ds)}
+    if "label" not in ds.column_names:
+        return {**summary, "labeled": False}
     labels = np.asarray(ds["label"])
-    n1 = int((labels == 1).sum())
-    return {"rows": len(ds), "label_0": int((labels == 0).sum()), "label_1": n1,
-            "label_1_fraction": round(n1 / len(ds), 4) if len(ds) else None}
+    if task.is_regression:
+        return {**summary, "label_mean": round(float(labels.mean()), 4), "label_std": round(float(labels.std()), 4),
+                "label_min": float(labels.min()), "label_max": float(labels.max())}
+    counts = {name: int((labels == i).sum()) for i, name in enumerate(task.label_names)}
+    return {**summary, "labels": {name: {"count": n, "fraction": round(n / len(ds), 4)} for name, n in counts.items()}}
 
 
-def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None) -> DatasetDict:
-    """Tokenize sentence pairs as the course does: ``tokenizer(s1, s2, truncation=True)`` via ``map(batched=True)``.
+def is_labeled(ds: Dataset) -> bool:
+    """True when the split carries labels (a raw ``label`` or a tokenized ``labels`` column)."""
+    return "labels" in ds.column_names or "label" in ds.column_names
+
+
+def present_splits(splits: list[str], data: DatasetDict) -> list[str]:
+    """Those of ``splits`` (``evaluate.splits``) that ``data`` has, warning about each it lacks (SST-2 and STS-B
+    have no test split in the local copy: evaluation covers what exists)."""
+    for split in splits:
+        if split not in data:
+            log.warning("No %s split in the data (it has %s): skipped", split, ", ".join(data))
+    return [split for split in splits if split in data]
+
+
+def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None,
+             text_columns: tuple[str, ...]) -> DatasetDict:
+    """Tokenize as the course does: ``tokenizer(s1, s2, truncation=True)`` (or ``tokenizer(s, ...)`` for a
+    single-sentence task) via ``map(batched=True)``.
 
     No padding here: DataCollatorWithPadding pads each batch to its own longest sequence.
 
     Returns:
-        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (BERT), ``attention_mask``, ``labels``;
-        sentence1, sentence2 and idx are dropped (row order is kept, so row i is raw row i).
+        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (BERT), ``attention_mask`` and, in labeled
+        splits, ``labels``; the text columns and idx are dropped (row order is kept, so row i is raw row i).
     """
 
     def encode(batch):
-        return tokenizer(batch["sentence1"], batch["sentence2"], truncation=True, max_length=max_length)
+        return tokenizer(*[batch[c] for c in text_columns], truncation=True, max_length=max_length)
 
     # keep_in_memory: no cache file is written into the input folder (a DVC output of the download stage).
-    tokenized = raw.map(encode, batched=True, remove_columns=["sentence1", "sentence2", "idx"], keep_in_memory=True,
-                        desc="Tokenizing")
-    return tokenized.rename_column("label", "labels")
+    tokenized = DatasetDict({
+        split: ds.map(encode, batched=True, remove_columns=[*text_columns, "idx"], keep_in_memory=True,
+                      desc=f"Tokenizing {split}")
+        for split, ds in raw.items()})
+    return DatasetDict({split: ds.rename_column("label", "labels") if "label" in ds.column_names else ds
+                        for split, ds in tokenized.items()})
 
 
 def length_stats(ds: Dataset, max_length: int) -> dict:
@@ -200,3 +423,12 @@ def length_stats(ds: Dataset, max_length: int) -> dict:
 def token_lengths(ds: Dataset) -> list[int]:
     """Tokens per example (special tokens included) of a tokenized split, in row order."""
     return [len(ids) for ids in ds["input_ids"]]
+
+
+def required_columns(p: DataParams) -> dict[str, list[str]]:
+    """Columns each split's files must have: the text columns everywhere, the label in train and validation."""
+    text = list(GLUE_TASKS[p.glue_task].text_columns) if p.glue_task else list(p.text_columns or [])
+    label = "label" if p.glue_task else p.label_column
+    return {s: text + ([label] if not s.startswith("test") else []) for s in
+            ("train", "validation", "test", *GLUE_TASKS["mnli"].splits, "validation_mismatched", "test_mismatched")}
+

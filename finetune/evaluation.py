@@ -1,4 +1,4 @@
-"""Evaluation: the course's evaluation loop over one split, and the MRPC metric (accuracy, F1)."""
+"""Evaluation: the course's evaluation loop over one split, and the task's metric (finetune/glue_metric.py)."""
 
 from __future__ import annotations
 
@@ -8,50 +8,74 @@ import evaluate
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-METRIC_SCRIPT = Path(__file__).with_name("mrpc_metric.py")  # loaded by path: finetune.code counts it as run code
+from finetune.tasks import Task
+
+METRIC_SCRIPT = Path(__file__).with_name("glue_metric.py")  # loaded by path: finetune.code counts it as run code
 
 
-def load_metric() -> evaluate.EvaluationModule:
-    """Accuracy and F1 of the positive class (equivalent), as GLUE reports them for MRPC.
+def load_metric(task: Task) -> evaluate.EvaluationModule:
+    """The task's metric: GLUE's for a GLUE task (e.g. MRPC: accuracy and F1 of label 1), else accuracy and F1
+    (binary) or macro-F1, or Pearson, Spearman and MSE (regression).
 
-    ``evaluate.load("glue", "mrpc")`` fetches its script from the Hub; this loads the project's local
-    module (finetune/mrpc_metric.py) by path instead, so it works offline.
+    ``evaluate.load("glue", "mrpc")`` fetches its script from the Hub; this loads the project's local module
+    (finetune/glue_metric.py) by path instead, so it works offline.
     """
-    return evaluate.load(str(METRIC_SCRIPT))
+    return evaluate.load(str(METRIC_SCRIPT), config_name=task.metric_config)
+
+
+def predictions_of(logits: torch.Tensor, task: Task) -> torch.Tensor:
+    """Predicted class ids ``[examples]`` (argmax of ``logits [examples, num_labels]``), or the predicted score
+    ``[examples]`` for regression (``logits [examples, 1]``)."""
+    return logits[:, 0] if task.is_regression else logits.argmax(dim=-1)
+
+
+def loss_of(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:
+    """Summed loss of a batch: cross-entropy for classification, squared error for regression (what the model's
+    own loss averages: ``BertForSequenceClassification`` with ``problem_type``)."""
+    if task.is_regression:
+        return torch.nn.functional.mse_loss(logits[:, 0], labels.float(), reduction="sum")
+    return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
 
 
 @torch.no_grad()
-def evaluate_split(
-    model: PreTrainedModel, dataloader: DataLoader, accelerator: Accelerator, metric: evaluate.EvaluationModule | None
-) -> tuple[dict, torch.Tensor]:
-    """The course's evaluation loop: forward each batch without gradients, argmax, ``metric.add_batch``.
+def evaluate_split(model: PreTrainedModel, dataloader: DataLoader, accelerator: Accelerator, task: Task,
+                   metric: evaluate.EvaluationModule | None, desc: str = "evaluate") -> tuple[dict, torch.Tensor]:
+    """The course's evaluation loop: forward each batch without gradients, predict, ``metric.add_batch``.
 
     ``accelerator.gather_for_metrics`` collects every process's batch and drops the samples that
     distributed sampling duplicates, so each example counts once.
 
     Args:
         metric: None for an unlabeled split (loss and metrics are then omitted).
+        desc: the progress bar's label.
 
     Returns:
-        ``(metrics, logits)``: metrics ``{"loss", "accuracy", "f1"}`` (mean cross-entropy per example)
-        and logits ``[examples, 2]`` on the CPU, in the dataloader's order.
+        ``(metrics, logits)``: metrics ``{"loss", <the task's metrics>}`` (loss: mean cross-entropy, or mean
+        squared error for regression, per example) and logits ``[examples, num_labels]`` on the CPU, in the
+        dataloader's order.
     """
     model.eval()
     all_logits, loss_sum, examples = [], 0.0, 0
-    for batch in dataloader:
+    for batch in tqdm(dataloader, desc=desc, unit="batch", leave=False,
+                      disable=not accelerator.is_local_main_process):
         if metric is None:
             batch = {k: v for k, v in batch.items() if k != "labels"}
         outputs = model(**batch)
-        logits = accelerator.gather_for_metrics(outputs.logits)
-        all_logits.append(logits.float().cpu())
+        logits = accelerator.gather_for_metrics(outputs.logits).float()
+        all_logits.append(logits.cpu())
         if metric is not None:
             labels = accelerator.gather_for_metrics(batch["labels"])
-            loss_sum += torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").item()
+            loss_sum += loss_of(logits, labels, task).item()
             examples += labels.numel()
-            metric.add_batch(predictions=logits.argmax(dim=-1), references=labels)
+            metric.add_batch(predictions=predictions_of(logits, task), references=labels)
     logits = torch.cat(all_logits)
     if metric is None:
         return {}, logits
-    return {"loss": loss_sum / examples, **metric.compute()}, logits
+    return {"loss": loss_sum / examples, **metric.compute(**_metric_options(task))}, logits
+
+
+def _metric_options(task: Task) -> dict:
+    return {"pos_label": task.positive_label} if task.metric_config == "binary" else {}

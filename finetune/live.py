@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from finetune.runtime import atomic_dir
+from finetune.tasks import Task
 
 
 def open_live(directory: str | Path):
@@ -74,14 +75,27 @@ class TrainLog:
             self.log_epoch(entry)
 
 
-def log_plots(live, split: str, labels, predictions, probabilities) -> None:
-    """Confusion matrix, precision-recall and ROC curves of one split, with DVCLive's ``log_sklearn_plot``.
+def log_plots(live, split: str, task: Task, table) -> None:
+    """The plots of one labeled split, from its predictions ``table`` (``label`` and ``prediction`` columns, and for
+    classification ``probability_<name>`` per class), with DVCLive.
 
-    ``labels`` and ``predictions`` are 0/1 arrays ``[examples]``; ``probabilities`` is P(label 1) ``[examples]``.
-    Files land in ``<live dir>/plots/sklearn/<split>/{confusion_matrix,precision_recall,roc}.json``; dvc.yaml
-    declares how they are drawn.
+    Classification: the confusion matrix with the class names (any number of classes); for two classes also the
+    precision-recall and ROC curves of the positive class (``task.positive_label``). Regression: predicted against
+    gold scores (a scatter). Files land in ``<live dir>/plots/sklearn/<split>/{confusion_matrix,precision_recall,
+    roc}.json`` or ``<live dir>/plots/custom/<split>/scatter.json``; dvc.yaml declares how they are drawn, and a plot
+    a task does not have is simply not written (``dvc plots show`` skips a missing file).
     """
-    live.log_sklearn_plot("confusion_matrix", labels, predictions, name=f"{split}/confusion_matrix.json")
-    live.log_sklearn_plot("precision_recall", labels, probabilities, name=f"{split}/precision_recall.json",
-                          drop_intermediate=True)
-    live.log_sklearn_plot("roc", labels, probabilities, name=f"{split}/roc.json", drop_intermediate=True)
+    if task.is_regression:
+        points = [{"gold": float(g), "predicted": float(p)} for g, p in zip(table["label"], table["prediction"])]
+        live.log_plot(f"{split}/scatter", points, x="gold", y="predicted", template="scatter",
+                      title=f"{split}: predicted against gold score")
+        return
+    live.log_sklearn_plot("confusion_matrix", table["label"].astype(str).to_numpy(),
+                          table["prediction"].astype(str).to_numpy(), name=f"{split}/confusion_matrix.json")
+    if task.num_labels == 2:
+        positive = task.label_names[task.positive_label]
+        labels = (table["label"] == positive).astype(int).to_numpy()
+        probability = table[f"probability_{positive}"].astype("float64").to_numpy()
+        live.log_sklearn_plot("precision_recall", labels, probability, name=f"{split}/precision_recall.json",
+                              drop_intermediate=True)
+        live.log_sklearn_plot("roc", labels, probability, name=f"{split}/roc.json", drop_intermediate=True)

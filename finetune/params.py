@@ -33,11 +33,58 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+OWN_DATA = "data/own"  # the user's own files live here: a dependency of the download stage (dvc.yaml)
+Split = Literal["train", "validation", "test"]
+
+
 class DataParams(_Section):
-    dataset: str = Field(min_length=1)
-    config: str = Field(min_length=1)
-    local_copy: str | None
+    dataset: str | None = Field(min_length=1)  # Hub id or folder laid out like a Hub dataset (null: data.files)
+    config: str | None = Field(min_length=1)  # the dataset's config, e.g. a GLUE task
+    local_copy: str | None  # a folder laid out like ``dataset``, used when the Hub can't be reached
+    files: dict[Split, str] | None  # own data: a file per split under data/own (csv, tsv, json, jsonl, parquet)
+    text_columns: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=1, max_length=2)
+    label_column: str = Field(min_length=1)
+    label_names: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=2)  # class names in id order
+    task_type: Literal["classification", "regression"] | None  # null: float labels are regression
+    positive_label: str | None  # binary own data: the class whose F1 is reported (null: the second name)
+    validation_fraction: float = Field(gt=0, lt=1)  # carved from train when the data has no validation split
+    split_seed: NonNegativeInt  # seed of that split
     max_samples: PositiveInt | None
+
+    @property
+    def glue_task(self) -> str | None:
+        """The GLUE task these params load, or None for other data (own files, other datasets and configs)."""
+        from finetune.tasks import GLUE_TASKS
+
+        return self.config if self.files is None and self.config in GLUE_TASKS else None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataParams":
+        from finetune.tasks import GLUE_DATASETS, GLUE_TASKS
+
+        if self.files is not None:
+            if self.dataset is not None or self.config is not None:
+                raise ValueError("files and dataset/config are both set: own files need dataset: null and config: null")
+            if "train" not in self.files:
+                raise ValueError(f"files: no train file (got splits {sorted(self.files)})")
+            for split, file in self.files.items():
+                inside = Path(os.path.normpath(file)).parts[:2] == tuple(Path(OWN_DATA).parts)
+                if Path(file).is_absolute() or not inside:
+                    raise ValueError(f"files.{split}: {file!r} is not under {OWN_DATA}/; put your files there (a "
+                                     "dependency of the download stage in dvc.yaml, so DVC reruns it when they change)")
+            if self.text_columns is None:
+                raise ValueError("text_columns: own files need the text column(s), e.g. [text] or [sentence1, sentence2]")
+            return self
+        if self.dataset is None or self.config is None:
+            raise ValueError("dataset and config: set both (a Hub dataset or folder), or files for your own data")
+        if self.dataset in GLUE_DATASETS and self.config not in GLUE_TASKS:
+            raise ValueError(f"config: {self.config!r} is not a GLUE task; GLUE's are {', '.join(GLUE_TASKS)}")
+        if self.glue_task:
+            fixed = {k: getattr(self, k) for k in ("text_columns", "label_names", "task_type", "positive_label")}
+            if any(v is not None for v in fixed.values()):
+                raise ValueError(f"GLUE task {self.config!r} defines its columns, labels and metric; set "
+                                 f"{', '.join(k for k, v in fixed.items() if v is not None)} to null")
+        return self
 
 
 class ModelParams(_Section):
@@ -61,7 +108,7 @@ class TrainParams(_Section):
     scheduler: SCHEDULERS
     warmup_steps: NonNegativeInt  # warmup in optimizer steps ...
     warmup_ratio: float = Field(ge=0, lt=1)  # ... or as a fraction of all optimizer steps (not both)
-    metric_for_best: Literal["f1", "accuracy", "loss"]  # validation metric that picks the kept epoch
+    metric_for_best: str | None = Field(min_length=1)  # validation metric that picks the kept epoch (null: the task's main)
     keep_best: StrictBool  # save the best epoch's weights (true) or the last epoch's (false)
     early_stopping_patience: PositiveInt | None  # epochs without improvement before stopping (null: never)
     early_stopping_threshold: float = Field(ge=0)  # smallest change of metric_for_best that counts as improvement
@@ -97,7 +144,8 @@ class TrainParams(_Section):
 class EvaluateParams(_Section):
     batch_size: PositiveInt
     sort_by_length: StrictBool  # evaluate in order of length (less padding); predictions keep the row order
-    splits: list[Literal["validation", "test"]] = Field(min_length=1)
+    # A split the data lacks (e.g. SST-2's test here) is skipped with a warning; MNLI adds the *_mismatched ones.
+    splits: list[Literal["validation", "test", "validation_mismatched", "test_mismatched"]] = Field(min_length=1)
 
 
 class Params(_Section):
@@ -182,6 +230,10 @@ class Paths:
     @property
     def tokenized(self) -> Path:  # tokenize: DatasetDict.save_to_disk
         return self.root / "data" / "tokenized"
+
+    @property
+    def own_data(self) -> Path:  # the user's own files (data.files), a dependency of download
+        return self.root / OWN_DATA
 
     @property
     def predictions(self) -> Path:  # evaluate: <split>.csv

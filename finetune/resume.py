@@ -43,7 +43,7 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
     """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
 
     Covers the train params (except ``resume``, ``log_every``), ``model.reinit_head``, the evaluation batching, the
-    accelerate config file and the number of processes, the tokenized data (datasets' fingerprint of each split),
+    accelerate config file and the number of processes, the tokenized data (datasets' fingerprint of each split) and its task,
     the pretrained checkpoint's config and weights' sizes, and the code (``finetune.code.code_digest`` of the train
     stage: every project file it runs).
     """
@@ -56,6 +56,7 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
         "accelerate_config": accelerate_config.read_text() if accelerate_config.is_file() else None,
         "processes": num_processes,
         "data": {split: ds._fingerprint for split, ds in tokenized.items()},
+        "task": (paths.tokenized / "task.json").read_text(),
         "config": (paths.pretrained / "config.json").read_text(),
         "weights": weights,
         "code": code_digest("stages.train"),

@@ -43,18 +43,24 @@ class Source:
     location: str
     path: str
     revision: str | None = None
+    parts: tuple[str, ...] | None = None  # what of ``path`` is used (files or subfolders); None: all of it
 
     def provenance(self) -> dict:
-        """The source as a JSON-able dict (no machine-specific path), with ``files``: {relative path: sha256}."""
+        """The source as a JSON-able dict (no machine-specific path), with ``files``: {relative path: sha256} of
+        the files used."""
         record = asdict(self)
-        del record["path"]
-        return {**record, "files": sha256_tree(Path(self.path))}
+        del record["path"], record["parts"]
+        return {**record, "files": sha256_tree(Path(self.path), self.parts)}
 
 
-def sha256_tree(folder: Path) -> dict[str, str]:
-    """sha256 hex digest of every file under ``folder``, keyed by POSIX path relative to it, sorted."""
+def sha256_tree(folder: Path, parts: tuple[str, ...] | None = None) -> dict[str, str]:
+    """sha256 hex digest of every file under ``folder`` (only those in or under ``parts``, relative to it, when
+    given), keyed by POSIX path relative to it, sorted."""
     digests = {}
-    for file in sorted(p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.parts):
+    tops = [folder / part for part in parts] if parts is not None else [folder]
+    files = {f for top in tops for f in ([top] if top.is_file() else top.rglob("*"))
+             if f.is_file() and ".cache" not in f.relative_to(folder).parts}
+    for file in sorted(files):
         h = hashlib.sha256()
         with file.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -90,9 +96,11 @@ def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source
     Raises:
         SourceError: neither the Hub nor ``local_copy`` has it; the message names both.
     """
+    used = (config, "README.md")  # the config's files and the card that names them
     if project_path(dataset).is_dir():
         log.info("Dataset: local folder %s", dataset)
-        return Source(requested=dataset, kind="local", location=dataset, path=str(project_path(dataset).resolve()))
+        return Source(requested=dataset, kind="local", location=dataset, path=str(project_path(dataset).resolve()),
+                      parts=used)
     source = _hub_snapshot(dataset, "dataset", [f"{config}/*", "README.md"])
     if source:
         log.info("Dataset: Hub %s at revision %s", dataset, source.revision)
@@ -102,13 +110,21 @@ def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source
         log.warning("Dataset: Hub unreachable, using the LOCAL COPY %s instead of %s", local_copy, dataset)
         log.warning("=" * 70)
         return Source(requested=dataset, kind="local", location=local_copy,
-                      path=str(project_path(local_copy).resolve()))
+                      path=str(project_path(local_copy).resolve()), parts=used)
     fallback = (f"the local copy {local_copy!r} (params.yaml data.local_copy) is not a folder" if local_copy
                 else "no local copy is set (params.yaml data.local_copy: null)")
     raise SourceError(
         f"dataset {dataset!r} (params.yaml data.dataset) is neither a local folder nor reachable on the Hub, "
         f"and {fallback}"
     )
+
+
+def resolve_files(files: dict[str, str]) -> Source:
+    """The user's own files (``data.files``: split -> path under data/own) as a source; their sha256 go into the
+    provenance."""
+    log.info("Dataset: own files %s", files)
+    return Source(requested="data.files", kind="files", location=", ".join(f"{s}: {f}" for s, f in files.items()),
+                  path=str(project_path(".").resolve()), parts=tuple(files.values()))
 
 
 def resolve_checkpoint(checkpoint: str) -> Source:

@@ -22,13 +22,15 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from finetune.batches import evaluation_batches, make_collator, train_dataloader
-from finetune.live import TrainLog
+from finetune.errors import ParamsError
 from finetune.evaluation import evaluate_split, load_metric
+from finetune.live import TrainLog
 from finetune.modeling import load_classifier
 from finetune.optim import Schedule, make_optimizer, make_scheduler
 from finetune.params import Params, Paths, TrainParams
 from finetune.resume import RunState, last_checkpoint, load_checkpoint, run_fingerprint, save_checkpoint
 from finetune.runtime import atomic_dir, make_accelerator, peak_memory_mb, resolve_mixed_precision, set_cpu_threads
+from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ class Run:
     """What one training run works with, built once by ``build_run``."""
 
     p: TrainParams
+    task: Task
+    metric_for_best: str  # train.metric_for_best, or the task's main metric
     accelerator: Accelerator
     tokenizer: PreTrainedTokenizerBase
     model: torch.nn.Module
@@ -99,6 +103,7 @@ def train(params: Params, paths: Paths) -> dict:
 
     Raises:
         CheckpointError: ``paths.pretrained`` lacks config, weights or tokenizer, or has a head of another size.
+        ParamsError: ``train.metric_for_best`` is not a metric of the data's task.
     """
     start = time.perf_counter()
     # the run: model, data, optimizer, schedule; then a fresh state or the last checkpoint's
@@ -128,7 +133,12 @@ def build_run(params: Params, paths: Paths) -> Run:
                                    gradient_accumulation_steps=p.gradient_accumulation_steps)
     set_seed(p.seed)
     tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
-    model = load_classifier(paths.pretrained, params.model.reinit_head)
+    task = Task.load(paths.tokenized)
+    try:
+        metric_for_best, _ = task.metric_for_best(p.metric_for_best)
+    except ValueError as err:
+        raise ParamsError(f"params.yaml: {err}") from None
+    model = load_classifier(paths.pretrained, task, params.model.reinit_head)
     parameters = sum(t.numel() for t in model.parameters())
     tokenized = load_from_disk(str(paths.tokenized))
     collator = make_collator(tokenizer)
@@ -147,8 +157,8 @@ def build_run(params: Params, paths: Paths) -> Run:
              schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes, accelerator.device, p.batch_size,
              p.gradient_accumulation_steps, mixed_precision, p.lr, p.scheduler, schedule.warmup_steps, threads)
     fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes)
-    return Run(p, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dl, batch_order, schedule,
-               fingerprint, mixed_precision, parameters)
+    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dl,
+               batch_order, schedule, fingerprint, mixed_precision, parameters)
 
 
 def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
@@ -161,7 +171,7 @@ def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
     if checkpoint is None:
         if run.accelerator.is_main_process:
             shutil.rmtree(paths.checkpoints, ignore_errors=True)
-        return RunState(run.fingerprint), EarlyStopping(mode="min" if p.metric_for_best == "loss" else "max",
+        return RunState(run.fingerprint), EarlyStopping(mode=run.task.metric_for_best(run.metric_for_best)[1],
                                                         patience=p.early_stopping_patience,
                                                         threshold=p.early_stopping_threshold)
     state = load_checkpoint(run.accelerator, checkpoint)
@@ -218,28 +228,31 @@ def end_of_epoch(run: Run, state: RunState, stopping: EarlyStopping, step_losses
     """Validate, log the epoch, keep the model if it is the best so far (or every epoch without ``keep_best``),
     and checkpoint the run."""
     p = run.p
-    validation, _ = evaluate_split(run.model, run.val_dl, run.accelerator, load_metric())
+    validation, _ = evaluate_split(run.model, run.val_dl, run.accelerator, run.task, load_metric(run.task),
+                                   desc="validation")
     entry = {"epoch": state.epoch, "train/loss": sum(step_losses) / len(step_losses),
              **{f"validation/{name}": value for name, value in validation.items()}}
     state.epoch_logs.append(entry)
-    improved = stopping.update(validation[p.metric_for_best], state.epoch)
+    improved = stopping.update(validation[run.metric_for_best], state.epoch)
     state.stopping = asdict(stopping)
-    log.info("Epoch %d/%d: train loss %.4f | validation loss %.4f, accuracy %.4f, F1 %.4f%s", state.epoch,
-             run.schedule.epochs, entry["train/loss"], validation["loss"], validation["accuracy"], validation["f1"],
-             f" | best {p.metric_for_best} so far" if improved else
+    log.info("Epoch %d/%d: train loss %.4f | validation %s%s", state.epoch, run.schedule.epochs, entry["train/loss"],
+             ", ".join(f"{name} {value:.4f}" for name, value in validation.items()),
+             f" | best {run.metric_for_best} so far" if improved else
              f" | no improvement for {stopping.bad_epochs} epoch(s)")
     logs.log_epoch(entry)
     if improved or not p.keep_best:
-        save_model(run.accelerator, run.model, run.tokenizer, paths.checkpoints / "best")
+        save_model(run.accelerator, run.model, run.tokenizer, run.task, paths.checkpoints / "best")
     save_checkpoint(run.accelerator, paths.checkpoints, state)
 
 
-def save_model(accelerator: Accelerator, model, tokenizer, folder) -> None:
-    """``save_pretrained`` of the unwrapped model and the tokenizer into ``folder``, atomically (main process)."""
+def save_model(accelerator: Accelerator, model, tokenizer, task: Task, folder) -> None:
+    """``save_pretrained`` of the unwrapped model and the tokenizer, and the task.json that ``tools.predict`` reads
+    (text columns), into ``folder``, atomically (main process)."""
     if accelerator.is_main_process:
         with atomic_dir(folder) as tmp:
             accelerator.unwrap_model(model, keep_torch_compile=False).save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            task.save(tmp)
     accelerator.wait_for_everyone()
 
 
@@ -247,7 +260,7 @@ def save_kept_model(run: Run, state: RunState, stopping: EarlyStopping, paths: P
     """Copy the kept epoch's model (``paths.checkpoints/best``) to ``paths.finetuned``, atomically."""
     if stopping.should_stop and state.epoch < run.schedule.epochs:
         log.info("Early stopping after epoch %d: %s did not improve for %d epochs (best %.4f, epoch %d)",
-                 state.epoch, run.p.metric_for_best, stopping.bad_epochs, stopping.best, stopping.best_epoch)
+                 state.epoch, run.metric_for_best, stopping.bad_epochs, stopping.best, stopping.best_epoch)
     run.accelerator.wait_for_everyone()
     if run.accelerator.is_main_process:
         with atomic_dir(paths.finetuned) as tmp:
@@ -276,7 +289,7 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
         "steps": state.step,
         "epochs": state.epoch,
         "best_epoch": kept["epoch"],
-        f"best_validation_{p.metric_for_best}": round(kept[f"validation/{p.metric_for_best}"], 4),
+        f"best_validation_{run.metric_for_best}": round(kept[f"validation/{run.metric_for_best}"], 4),
         "stopped_early": stopping.should_stop and state.epoch < run.schedule.epochs,
         "resumed_from_epoch": run.resumed_from,
         "train_samples": state.samples,

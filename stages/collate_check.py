@@ -14,20 +14,22 @@ from datasets import load_from_disk
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from finetune.batches import evaluation_batches, make_collator, train_dataloader
-from finetune.data import is_labeled
+from finetune.data import is_labeled, present_splits
 from finetune.errors import CollateError
 from finetune.modeling import load_classifier
 from finetune.params import Params, Paths, load_params
 from finetune.runtime import run_stage, write_json
+from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 
-def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, labeled: bool = True) -> None:
+def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, task: Task, labeled: bool = True) -> None:
     """Check one collated batch; ``where`` (e.g. "split=train batch=3") prefixes any error.
 
-    Rules: keys are the tokenizer's model inputs plus ``labels``; every tensor is ``[batch, seq_len]``
-    (``labels``: ``[batch]``); ``seq_len`` is the longest real sequence (dynamic padding); padding is the pad id
-    with attention_mask 0, only at the end; no empty sequence; labels in {0, 1} (-1 for an unlabeled split).
+    Rules: keys are the tokenizer's model inputs plus ``labels`` (none in an unlabeled split); every tensor is
+    ``[batch, seq_len]`` (``labels``: ``[batch]``); ``seq_len`` is the longest real sequence (dynamic padding);
+    padding is the pad id with attention_mask 0, only at the end; no empty sequence; labels are class ids in
+    ``[0, num_labels)`` (int64), or finite float scores for regression.
 
     Raises:
         CollateError: at the first broken rule.
@@ -36,7 +38,7 @@ def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, lab
     def fail(rule: str, detail: str) -> None:
         raise CollateError(f"{where} rule={rule}: {detail}")
 
-    expected = set(tokenizer.model_input_names) | {"labels"}
+    expected = set(tokenizer.model_input_names) | ({"labels"} if labeled else set())
     if set(batch) != expected:
         fail("keys", f"got {sorted(batch)}, expected {sorted(expected)}")
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -45,7 +47,7 @@ def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, lab
     for key in tokenizer.model_input_names:
         if batch[key].shape != ids.shape:
             fail("shape", f"{key} has shape {list(batch[key].shape)}, input_ids {list(ids.shape)}")
-    if batch["labels"].shape != ids.shape[:1]:
+    if labeled and batch["labels"].shape != ids.shape[:1]:
         fail("shape", f"labels has shape {list(batch['labels'].shape)}, expected [{ids.shape[0]}]")
     lengths = mask.sum(dim=1)
     if int(lengths.min()) == 0:
@@ -58,17 +60,23 @@ def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, lab
         fail("padding-at-end", "attention_mask is not 1s followed by 0s in every row")
     if not bool((ids[~real] == tokenizer.pad_token_id).all()):
         fail("pad-id", f"a padded position holds an id other than pad id {tokenizer.pad_token_id}")
-    allowed = torch.tensor([0, 1] if labeled else [-1])
-    if not bool(torch.isin(batch["labels"], allowed).all()):
-        fail("labels", f"labels {sorted(set(batch['labels'].tolist()))} not all in {allowed.tolist()}")
+    if not labeled:
+        return
+    labels = batch["labels"]
+    if task.is_regression:
+        if not labels.is_floating_point() or not bool(torch.isfinite(labels).all()):
+            fail("labels", f"regression labels must be finite floats, got {labels.dtype} {labels.tolist()[:8]}")
+    elif labels.dtype != torch.int64 or not bool(((labels >= 0) & (labels < task.num_labels)).all()):
+        fail("labels", f"labels {sorted(set(labels.tolist()))} ({labels.dtype}) not all class ids in "
+                       f"[0, {task.num_labels}) of {list(task.label_names)}")
 
 
-def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, labeled: bool) -> dict:
+def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, task: Task, labeled: bool) -> dict:
     """Check every batch of one split; return first batch shapes, padding fraction, mean/max length."""
     real_tokens = total_tokens = max_len = batches = 0
     first_shapes = None
     for i, batch in enumerate(dataloader):
-        check_batch(batch, tokenizer, f"split={split} batch={i}", labeled)
+        check_batch(batch, tokenizer, f"split={split} batch={i}", task, labeled)
         if first_shapes is None:
             first_shapes = {k: list(v.shape) for k, v in batch.items()}
         real_tokens += int(batch["attention_mask"].sum())
@@ -81,17 +89,18 @@ def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, labe
             "mean_length": round(real_tokens / examples, 2), "max_length": max_len}
 
 
-def check_forward(model, batch: dict) -> dict:
-    """One forward pass; the loss must be finite and the logits ``[batch, 2]``.
+def check_forward(model, batch: dict, task: Task) -> dict:
+    """One forward pass; the loss must be finite and the logits ``[batch, num_labels]`` (``[batch, 1]`` for
+    regression).
 
     Raises:
         CollateError: naming the rule broken.
     """
     with torch.no_grad():
         out = model(**batch)
-    if tuple(out.logits.shape) != (batch["input_ids"].shape[0], 2):
-        raise CollateError(
-            f"split=train batch=0 rule=forward-logits: logits {list(out.logits.shape)}, expected [batch, 2]")
+    if tuple(out.logits.shape) != (batch["input_ids"].shape[0], task.num_labels):
+        raise CollateError(f"split=train batch=0 rule=forward-logits: logits {list(out.logits.shape)}, expected "
+                           f"[batch, {task.num_labels}]")
     if not torch.isfinite(out.loss):
         raise CollateError(f"split=train batch=0 rule=forward-loss: loss is {out.loss.item()}")
     return {"loss": round(out.loss.item(), 4), "logits_shape": list(out.logits.shape)}
@@ -105,19 +114,19 @@ def check_all(params: Params, paths: Paths) -> dict:
     """
     tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
     collator = make_collator(tokenizer)
-    tokenized = load_from_disk(str(paths.tokenized))
+    tokenized, task = load_from_disk(str(paths.tokenized)), Task.load(paths.tokenized)
     loaders = {"train": train_dataloader(tokenized["train"], collator, params.train.batch_size, params.train.seed,
                                          params.train.group_by_length)}
-    for split in params.evaluate.splits:
+    for split in present_splits(params.evaluate.splits, tokenized):
         loaders[split], _ = evaluation_batches(tokenized[split], collator, params.evaluate)
     report = {}
     for split, loader in loaders.items():
-        report[split] = check_split(loader, tokenizer, split, labeled=is_labeled(tokenized[split]))
+        report[split] = check_split(loader, tokenizer, split, task, labeled=is_labeled(tokenized[split]))
         log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"],
                  100 * report[split]["padding_fraction"])
     torch.manual_seed(params.train.seed)
-    model = load_classifier(paths.pretrained, params.model.reinit_head).eval()
-    report["forward"] = check_forward(model, next(iter(loaders["train"])))
+    model = load_classifier(paths.pretrained, task, params.model.reinit_head).eval()
+    report["forward"] = check_forward(model, next(iter(loaders["train"])), task)
     log.info("Forward pass OK: loss %.4f, logits %s", report["forward"]["loss"], report["forward"]["logits_shape"])
     return report
 

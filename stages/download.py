@@ -1,46 +1,68 @@
-"""Stage 1, download: the raw MRPC splits and the pretrained checkpoint, with their provenance.
+"""Stage 1, download: the raw splits of any GLUE task (Hub or local copy) or of the user's own files, the task they
+pose, and the pretrained checkpoint, with their provenance.
 
-Writes data/raw/ (DatasetDict.save_to_disk), models/pretrained/ (tokenizer + model, save_pretrained) and
-metrics/provenance.json (source used, revision, sha256 of the source files, rows and label balance per split).
+Writes data/raw/ (DatasetDict.save_to_disk, plus task.json: text columns, class names, metric), models/pretrained/
+(tokenizer + model, save_pretrained) and metrics/provenance.json (source used, revision, sha256 of the source files,
+the task, rows and labels per split, and how a validation split was carved when the data had none).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 from datasets import DatasetDict
 from transformers import AutoModel, AutoTokenizer
 
-from finetune.data import SPLITS, check_raw, label_balance, load_raw
-from finetune.params import DataParams, Paths, load_params
+from finetune.data import carve_validation, load_files, load_raw, prepare_raw, required_columns, split_summary
+from finetune.params import DataParams, Paths, load_params, project_path
 from finetune.runtime import atomic_dir, run_stage, write_json
-from finetune.sources import check_checkpoint, resolve_checkpoint, resolve_dataset
+from finetune.sources import check_checkpoint, resolve_checkpoint, resolve_dataset, resolve_files
 
 log = logging.getLogger(__name__)
 
 
 def download_dataset(p: DataParams, out_dir: Path) -> dict:
-    """Load ``p.dataset``/``p.config`` (or its local copy), check it, save it to ``out_dir``; return provenance.
+    """Load ``p.dataset``/``p.config`` (or its local copy) or ``p.files``, check and prepare it, save it with its
+    task to ``out_dir``; return provenance.
 
     Every check runs before ``out_dir`` is touched: on an error, nothing is written.
 
     Raises:
         SourceError: neither the dataset nor its local copy can be found (``resolve_dataset``).
-        DataError: the files can't be loaded (``load_raw``) or the data breaks a rule (``check_raw``).
+        DataError: the files can't be loaded (``load_raw``, ``load_files``) or the data breaks a rule
+            (``prepare_raw``).
     """
-    source = resolve_dataset(p.dataset, p.config, p.local_copy)
-    raw = load_raw(source.path, p.config)
-    raw = DatasetDict({split: raw[split] for split in SPLITS if split in raw})
-    check_raw(raw, source.path)
+    if p.files is not None:
+        source = resolve_files(p.files)
+        raw = load_files({split: project_path(file) for split, file in p.files.items()})
+        where = dict(p.files)
+    else:
+        source = resolve_dataset(p.dataset, p.config, p.local_copy)
+        raw = load_raw(source.path, p.config, required_columns(p))
+        where = {split: source.path for split in raw}
+    raw, task = prepare_raw(raw, p, where)
+    carved = None
+    if "validation" not in raw:
+        train, validation = carve_validation(raw["train"], p.validation_fraction, p.split_seed,
+                                             stratify=not task.is_regression)
+        raw = DatasetDict({"train": train, "validation": validation, **{s: d for s, d in raw.items() if s != "train"}})
+        carved = {"from": "train", "fraction": p.validation_fraction, "seed": p.split_seed,
+                  "stratified": not task.is_regression, "rows": len(validation)}
+        log.warning("No validation split: carved %d rows (%.0f%%) from train, seed %d%s", len(validation),
+                    100 * p.validation_fraction, p.split_seed, ", stratified by label" if carved["stratified"] else "")
     if p.max_samples:
         log.warning("Keeping only the first %d rows of each split (params.yaml data.max_samples)", p.max_samples)
         raw = DatasetDict({s: ds.select(range(min(p.max_samples, len(ds)))) for s, ds in raw.items()})
     with atomic_dir(out_dir) as tmp:
         raw.save_to_disk(str(tmp))
-    splits = {split: label_balance(ds) for split, ds in raw.items()}
-    log.info("Saved %s to %s: %s", p.dataset, out_dir, {s: v["rows"] for s, v in splits.items()})
-    return {**source.provenance(), "config": p.config, "splits": splits}
+        task.save(tmp)
+    splits = {split: split_summary(ds, task) for split, ds in raw.items()}
+    log.info("Saved task %r (%s) to %s: %s", task.name, "regression" if task.is_regression else
+             f"{task.num_labels} classes {list(task.label_names)}", out_dir, {s: v["rows"] for s, v in splits.items()})
+    return {**source.provenance(), "config": p.config, "task": asdict(task), "validation_carved": carved,
+            "splits": splits}
 
 
 def download_checkpoint(checkpoint: str, out_dir: Path) -> dict:

@@ -1,9 +1,9 @@
-"""Stage 5, evaluate: accuracy and F1 of the fine-tuned model on validation, and on test when it has labels.
+"""Stage 5, evaluate: the task's metrics of the fine-tuned model on validation and test (where they exist and
+have labels), with predictions for every split.
 
-Writes metrics/eval.json ``{"validation": {"accuracy", "f1", "loss", "examples"}, "test": {...}}``,
-data/predictions/<split>.csv (idx, sentence1, sentence2, label, prediction, probability of "equivalent") and,
-per labeled split, DVCLive's confusion matrix, precision-recall and ROC data under
-dvclive/evaluate/plots/sklearn/<split>/.
+Writes metrics/eval.json ``{"validation": {"loss", <the task's metrics>, "examples"}, "test": {...}}`` (one shape
+per task, e.g. MRPC: accuracy and F1), data/predictions/<split>.csv (see ``prediction_table``) and, per labeled
+split, DVCLive's plots under dvclive/evaluate/plots/ (``finetune.live.log_plots``).
 """
 
 from __future__ import annotations
@@ -12,27 +12,51 @@ import contextlib
 import logging
 
 import numpy as np
+import pandas as pd
+import torch
 from accelerate import PartialState
-from datasets import load_from_disk
+from datasets import Dataset, load_from_disk
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from finetune.batches import evaluation_batches, make_collator
-from finetune.data import is_labeled
+from finetune.data import is_labeled, present_splits
+from finetune.evaluation import evaluate_split, load_metric, predictions_of
 from finetune.live import log_plots, open_live
-from finetune.evaluation import evaluate_split, load_metric
 from finetune.params import Params, Paths, load_params
 from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
 from finetune.sources import check_checkpoint
+from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 
 
+def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task) -> pd.DataFrame:
+    """One row per example of ``raw`` (a prepared split) in its order: ``idx``, the text columns, ``label`` (the
+    gold class name or score; absent when unlabeled), ``prediction`` (class name or score) and for classification
+    ``probability_<name>`` per class (softmax of ``logits [examples, num_labels]``, 5 decimals)."""
+    table = raw.select_columns(["idx", *task.text_columns]).to_pandas()
+    predicted = predictions_of(logits, task).numpy()
+    if task.is_regression:
+        if "label" in raw.column_names:
+            table["label"] = np.asarray(raw["label"])
+        table["prediction"] = predicted.round(5)
+        return table
+    names = np.array(task.label_names)
+    if "label" in raw.column_names:
+        table["label"] = names[np.asarray(raw["label"])]
+    table["prediction"] = names[predicted]
+    probabilities = logits.softmax(dim=-1).numpy().round(5)
+    for i, name in enumerate(task.label_names):
+        table[f"probability_{name}"] = probabilities[:, i]
+    return table
+
+
 def evaluate_model(params: Params, paths: Paths) -> dict:
-    """Evaluate ``paths.finetuned`` on ``evaluate.splits``; write one predictions CSV per split into
-    ``paths.predictions`` and each labeled split's confusion matrix, PR and ROC data into ``paths.eval_logs``.
+    """Evaluate ``paths.finetuned`` on those of ``evaluate.splits`` the data has; write one predictions CSV per split
+    into ``paths.predictions`` and each labeled split's plots into ``paths.eval_logs``.
 
     Returns:
-        ``{split: {"loss", "accuracy", "f1", "examples"}}`` for each labeled split (an unlabeled split only
+        ``{split: {"loss", <the task's metrics>, "examples"}}`` for each labeled split (an unlabeled split only
         gets its predictions file and ``{"examples": n}``).
     """
     p = params.evaluate
@@ -42,29 +66,25 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(paths.finetuned)
     model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(paths.finetuned))
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
-    tokenized, raw = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw))
+    tokenized, raw, task = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw)), Task.load(paths.raw)
     collator = make_collator(tokenizer)
     results = {}
     with (atomic_dir(paths.predictions) if main else contextlib.nullcontext()) as tmp, \
             (atomic_dir(paths.eval_logs) if main else contextlib.nullcontext()) as live_tmp:
         live = open_live(live_tmp) if main else None
-        for split in p.splits:
+        for split in present_splits(p.splits, tokenized):
             labeled = is_labeled(tokenized[split])
             dataloader, order = evaluation_batches(tokenized[split], collator, p)
-            metrics, logits = evaluate_split(model, accelerator.prepare(dataloader), accelerator,
-                                             load_metric() if labeled else None)
+            metrics, logits = evaluate_split(model, accelerator.prepare(dataloader), accelerator, task,
+                                             load_metric(task) if labeled else None, desc=split)
             if order is not None:  # back to row order
                 logits = logits[np.argsort(order)]
-            probability = logits.softmax(dim=-1)[:, 1]
-            table = raw[split].select_columns(["idx", "sentence1", "sentence2", "label"]).to_pandas()
-            table["prediction"] = logits.argmax(dim=-1).numpy()
-            table["probability"] = probability.numpy().round(5)
+            table = prediction_table(raw[split], logits, task)
             if main:
                 table.to_csv(tmp / f"{split}.csv", index=False)
             results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(table)}
             if live is not None and labeled:
-                log_plots(live, split, table["label"].to_numpy(), table["prediction"].to_numpy(),
-                          probability.double().numpy())
+                log_plots(live, split, task, table)
             log.info("%s: %s", split, results[split] if labeled else "no labels, predictions only")
         if live is not None:
             live.end()

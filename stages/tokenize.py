@@ -1,6 +1,7 @@
-"""Stage 2, tokenize: sentence pairs to token ids with the checkpoint's tokenizer.
+"""Stage 2, tokenize: the task's text (a sentence, or a pair) to token ids with the checkpoint's tokenizer.
 
-Writes data/tokenized/ (Arrow, DatasetDict.save_to_disk) and metrics/token_lengths.json (per split).
+Writes data/tokenized/ (Arrow, DatasetDict.save_to_disk, plus the task.json of data/raw) and
+metrics/token_lengths.json (per split).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from transformers import AutoTokenizer
 from finetune.data import length_stats, tokenize
 from finetune.params import Params, Paths, load_params
 from finetune.runtime import atomic_dir, run_stage, write_json
+from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +22,14 @@ log = logging.getLogger(__name__)
 def tokenize_splits(params: Params, paths: Paths) -> dict:
     """Tokenize every split of ``paths.raw`` into ``paths.tokenized``; return token-length stats per split."""
     tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
+    task = Task.load(paths.raw)
     max_length = params.tokenize.max_length or tokenizer.model_max_length
-    log.info("Tokenizing %s with %s (truncation at %d tokens)", paths.raw, type(tokenizer).__name__, max_length)
-    tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length)
+    log.info("Tokenizing %s (%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
+             type(tokenizer).__name__, max_length)
+    tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns)
     with atomic_dir(paths.tokenized) as tmp:
         tokenized.save_to_disk(str(tmp))
+        task.save(tmp)
     stats = {split: length_stats(ds, max_length) for split, ds in tokenized.items()}
     for split, s in stats.items():
         log.info("%s: %d examples, tokens mean %.1f, max %d, truncated %d", split, s["examples"], s["mean"], s["max"],

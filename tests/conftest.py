@@ -43,9 +43,11 @@ def tiny_checkpoint(tokenizer, tmp_path_factory):
 def tiny_tokenized(tiny_raw, tokenizer, tmp_path_factory):
     """The tiny dataset tokenized by the pipeline's own code, saved like data/tokenized."""
     from finetune.data import tokenize
+    from finetune.tasks import glue_task
 
     folder = tmp_path_factory.mktemp("tokenized")
-    tokenize(tiny_raw, tokenizer, max_length=128).save_to_disk(str(folder))
+    tokenize(tiny_raw, tokenizer, 128, glue_task("mrpc").text_columns).save_to_disk(str(folder))
+    glue_task("mrpc").save(folder)
     return folder
 
 

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # What a clone holds that the pipeline needs to run (everything else is generated).
 PROJECT_CODE = ["stages", "finetune", "tools", "configs", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
-                ".dvc/.gitignore", ".dvc/plots"]
+                ".dvc/.gitignore", ".dvc/plots", "data/own/README.md"]
 
 # The tiny settings on top of params.yaml: a few fast steps of a 2-layer model, fp32, last epoch kept. Any key not
 # named here (a new param too) comes from params.yaml.
@@ -99,20 +99,25 @@ def write_params(root: Path, params: Params) -> None:
 
 
 def make_project(root: Path, params: Params, raw: DatasetDict | None = None, checkpoint: Path | None = None,
-                 code: bool = False) -> Paths:
-    """A project folder at ``root``: params.yaml; with ``raw`` and ``checkpoint`` the inputs of the train stage
-    (data/raw, data/tokenized by the pipeline's own tokenization, models/pretrained); with ``code`` the project's
-    code, configs and dvc.yaml, for running stages and DVC commands in it."""
+                 code: bool = False, task=None) -> Paths:
+    """A project folder at ``root``: params.yaml; with ``raw`` (prepared, of ``task``: default MRPC) and
+    ``checkpoint`` the inputs of the train stage (data/raw, data/tokenized by the pipeline's own tokenization, each
+    with task.json, and models/pretrained); with ``code`` the project's code, configs, dvc.yaml and data/own, for
+    running stages and DVC commands in it."""
     from transformers import AutoTokenizer
 
     from finetune.data import tokenize
+    from finetune.tasks import glue_task
 
     root.mkdir(parents=True, exist_ok=True)
     paths = Paths(root)
     if raw is not None:
+        task = task or glue_task("mrpc")
         raw.save_to_disk(str(paths.raw))
+        task.save(paths.raw)
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-        tokenize(raw, tokenizer, params.tokenize.max_length).save_to_disk(str(paths.tokenized))
+        tokenize(raw, tokenizer, params.tokenize.max_length, task.text_columns).save_to_disk(str(paths.tokenized))
+        task.save(paths.tokenized)
         shutil.copytree(checkpoint, paths.pretrained)
     for name in PROJECT_CODE if code else []:
         src, dst = REPO / name, root / name

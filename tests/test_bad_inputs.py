@@ -11,12 +11,11 @@ import pandas as pd
 import pytest
 from transformers import BertConfig, BertForSequenceClassification
 
-from finetune.data import SPLITS
 from finetune.errors import CheckpointError, DataError, SourceError
-from finetune.modeling import ID2LABEL, load_classifier
-from finetune.params import DataParams
+from finetune.modeling import load_classifier
+from finetune.tasks import glue_task
 from stages.download import download_checkpoint, download_dataset
-from tests.helpers import make_split, write_hub_folder
+from tests.helpers import make_split, tiny_params, write_hub_folder
 
 
 def with_cell(splits: dict, split: str, row: int, column: str, value) -> dict:
@@ -31,10 +30,13 @@ def without(splits: dict, split: str) -> dict:
     return {s: df for s, df in splits.items() if s != split}
 
 
+MRPC = glue_task("mrpc")
+
+
 @pytest.fixture
 def good(tiny_raw) -> dict[str, pd.DataFrame]:
     """The tiny dataset as one DataFrame per split (label as plain int64, as pandas writes it)."""
-    return {split: tiny_raw[split].to_pandas() for split in SPLITS}
+    return {split: tiny_raw[split].to_pandas() for split in tiny_raw}
 
 
 # (id, the change to the good splits, error, message with the dataset folder written <folder>)
@@ -50,8 +52,8 @@ BAD_DATASETS = [
       "ArrowInvalid: ")),
     ("readme-split-without-files", lambda d: {**d, "validation": None}, DataError,
       "<folder> (config 'mrpc'): cannot load: ValueError: Couldn't infer the same data file format for all splits"),
-    ("missing-split", lambda d: without(d, "validation"), DataError,
-      "<folder>: missing split(s) ['validation']; found ['train', 'test']"),
+    ("missing-train", lambda d: without(d, "train"), DataError,
+      "<folder>: no train split; found ['validation', 'test']"),
     ("empty-split", lambda d: {**d, "validation": d["validation"].iloc[:0]}, DataError,
       "<folder> (config 'mrpc'): split 'validation' is empty (no rows in mrpc/validation-00000-of-00001.parquet)"),
     ("missing-column", lambda d: {**d, "validation": d["validation"].drop(columns="label")}, DataError,
@@ -62,12 +64,13 @@ BAD_DATASETS = [
     ("label-minus-1-validation", lambda d: with_cell(d, "validation", 4, "label", -1), DataError,
       "<folder>: split 'validation' row idx=4: label -1 not in [0, 1]"),
     ("label-2-test", lambda d: with_cell(d, "test", 0, "label", 2), DataError,
-      "<folder>: split 'test' row idx=0: label 2 not in [-1, 0, 1]"),
+      "<folder>: split 'test' row idx=0: label 2 not in [0, 1] (the ids of ['not_equivalent', 'equivalent'])"),
     ("test-partly-unlabeled", lambda d: with_cell(d, "test", 2, "label", -1), DataError,
      ("<folder>: split 'test' row idx=2: label -1 (unlabeled) among labeled rows; the test split is labeled "
       "throughout or -1 throughout")),
     ("null-label", lambda d: with_cell(d, "train", 6, "label", None), DataError,
-      "<folder>: split 'train' row idx=6: label is missing (null); every row needs a label in [0, 1]"),
+     ("<folder>: split 'train' row idx=6: label is missing (null); every row needs a label in "
+      "['not_equivalent', 'equivalent']")),
     ("null-sentence", lambda d: with_cell(d, "train", 3, "sentence2", None), DataError,
       "<folder>: split 'train' row idx=3: empty sentence2 (null, empty or only whitespace)"),
     ("blank-sentence", lambda d: with_cell(d, "validation", 8, "sentence1", " \t"), DataError,
@@ -81,7 +84,8 @@ BAD_DATASETS = [
 
 
 def _load(folder: Path, out_dir: Path, config: str = "mrpc") -> dict:
-    return download_dataset(DataParams(dataset=str(folder), config=config, local_copy=None, max_samples=None), out_dir)
+    return download_dataset(tiny_params(data={"dataset": str(folder), "config": config, "local_copy": None}).data,
+                            out_dir)
 
 
 def _assert_nothing_written(out_dir: Path) -> None:
@@ -139,7 +143,7 @@ def checkpoint_copy(tiny_checkpoint, tmp_path) -> Path:
 
 
 def _load_classifier(folder: Path, tmp_path: Path) -> None:
-    load_classifier(folder)
+    load_classifier(folder, MRPC)
 
 
 def _download_checkpoint(folder: Path, tmp_path: Path) -> None:
@@ -188,12 +192,12 @@ def three_label_checkpoint(tiny_checkpoint, tokenizer, tmp_path) -> Path:
 
 def test_head_with_three_labels_needs_reinit_head(three_label_checkpoint):
     with pytest.raises(CheckpointError) as err:
-        load_classifier(three_label_checkpoint, reinit_head=False)
-    assert str(err.value).startswith(f"{three_label_checkpoint}: the checkpoint's classification head has 3 labels")
-    assert "MRPC needs 2; set model.reinit_head: true in params.yaml" in str(err.value)
+        load_classifier(three_label_checkpoint, MRPC, reinit_head=False)
+    assert str(err.value).startswith(f"{three_label_checkpoint}: the checkpoint's classification head has 3 outputs")
+    assert "task 'mrpc' needs 2; set model.reinit_head: true in params.yaml" in str(err.value)
 
 
 def test_reinit_head_replaces_a_three_label_head(three_label_checkpoint):
-    model = load_classifier(three_label_checkpoint, reinit_head=True)
-    assert model.config.num_labels == 2 and model.config.id2label == ID2LABEL
+    model = load_classifier(three_label_checkpoint, MRPC, reinit_head=True)
+    assert model.config.num_labels == 2 and model.config.id2label == {0: "not_equivalent", 1: "equivalent"}
     assert model.classifier.out_features == 2

@@ -8,7 +8,10 @@ from transformers import DataCollatorWithPadding
 from finetune.batches import eval_dataloader, make_collator, train_dataloader
 from finetune.errors import CollateError
 from finetune.modeling import load_classifier
+from finetune.tasks import glue_task, own_task
 from stages.collate_check import check_batch, check_forward, check_split
+
+MRPC = glue_task("mrpc")
 
 
 @pytest.fixture(scope="module")
@@ -18,12 +21,14 @@ def tokenized(tiny_tokenized):
 
 def test_every_batch_of_every_split_passes(tokenized, tokenizer):
     collator = make_collator(tokenizer)
-    report = check_split(train_dataloader(tokenized["train"], collator, 8, seed=0), tokenizer, "train", labeled=True)
+    report = check_split(train_dataloader(tokenized["train"], collator, 8, seed=0), tokenizer, "train", MRPC,
+                         labeled=True)
     assert report["batches"] == 5
     assert report["first_batch_shapes"]["labels"] == [8]
     assert report["first_batch_shapes"]["input_ids"] == report["first_batch_shapes"]["attention_mask"]
     assert 0 < report["padding_fraction"] < 1
-    report = check_split(eval_dataloader(tokenized["validation"], collator, 8), tokenizer, "validation", labeled=True)
+    report = check_split(eval_dataloader(tokenized["validation"], collator, 8), tokenizer, "validation", MRPC,
+                         labeled=True)
     assert report["batches"] == 3  # 21 examples: 8 + 8 + 5
 
 
@@ -34,14 +39,14 @@ def _first_batch(tokenized, collator):
 def test_fixed_length_padding_breaks_the_dynamic_padding_rule(tokenized, tokenizer):
     batch = _first_batch(tokenized, DataCollatorWithPadding(tokenizer, padding="max_length", max_length=64))
     with pytest.raises(CollateError, match="split=validation batch=0 rule=dynamic-padding: seq_len 64"):
-        check_batch(batch, tokenizer, "split=validation batch=0")
+        check_batch(batch, tokenizer, "split=validation batch=0", MRPC)
 
 
 def test_left_padding_breaks_the_padding_at_end_rule(tokenized, tokenizer):
     batch = _first_batch(tokenized, make_collator(tokenizer))
     batch = {k: v.flip(dims=[1]) if v.dim() == 2 else v for k, v in batch.items()}
     with pytest.raises(CollateError, match="rule=padding-at-end"):
-        check_batch(batch, tokenizer, "split=validation batch=0")
+        check_batch(batch, tokenizer, "split=validation batch=0", MRPC)
 
 
 @pytest.mark.parametrize("mutate,rule", [
@@ -59,10 +64,31 @@ def test_each_rule_is_named(tokenized, tokenizer, mutate, rule):
     else:
         mutate(batch)
     with pytest.raises(CollateError, match=f"split=validation batch=0 rule={rule}:"):
-        check_batch(batch, tokenizer, "split=validation batch=0")
+        check_batch(batch, tokenizer, "split=validation batch=0", MRPC)
 
 
 def test_forward_pass_gives_two_logits(tokenized, tokenizer, tiny_checkpoint):
     batch = _first_batch(tokenized, make_collator(tokenizer))
-    result = check_forward(load_classifier(tiny_checkpoint).eval(), batch)
+    result = check_forward(load_classifier(tiny_checkpoint, MRPC).eval(), batch, MRPC)
     assert result["logits_shape"] == [8, 2]
+
+
+def test_three_classes_and_regression_labels(tokenized, tokenizer, tiny_checkpoint):
+    batch = _first_batch(tokenized, make_collator(tokenizer))
+    three = own_task(("sentence1", "sentence2"), ("a", "b", "c"))
+    check_batch({**batch, "labels": torch.full_like(batch["labels"], 2)}, tokenizer, "split=validation batch=0", three)
+    with pytest.raises(CollateError, match=r"rule=labels: labels \[3\] \(torch.int64\) not all class ids in \[0, 3\)"):
+        check_batch({**batch, "labels": torch.full_like(batch["labels"], 3)}, tokenizer, "split=validation batch=0",
+                    three)
+    regression = own_task(("sentence1", "sentence2"), None)
+    scores = batch["labels"].float() * 2.5
+    check_batch({**batch, "labels": scores}, tokenizer, "split=validation batch=0", regression)
+    with pytest.raises(CollateError, match="rule=labels: regression labels must be finite floats"):
+        check_batch({**batch, "labels": batch["labels"]}, tokenizer, "split=validation batch=0", regression)
+    result = check_forward(load_classifier(tiny_checkpoint, regression).eval(), {**batch, "labels": scores}, regression)
+    assert result["logits_shape"] == [8, 1]
+
+
+def test_an_unlabeled_batch_has_no_labels_key(tokenized, tokenizer):
+    batch = {k: v for k, v in _first_batch(tokenized, make_collator(tokenizer)).items() if k != "labels"}
+    check_batch(batch, tokenizer, "split=test batch=0", MRPC, labeled=False)

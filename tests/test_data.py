@@ -5,8 +5,17 @@ import torch
 from datasets import DatasetDict
 
 from finetune.batches import make_collator, train_dataloader
-from finetune.data import check_raw, length_stats, tokenize
+from finetune.data import length_stats, prepare_raw, tokenize
 from finetune.errors import DataError
+from finetune.tasks import glue_task
+from tests.helpers import tiny_params
+
+
+MRPC = tiny_params().data  # data.config mrpc: GLUE's task, columns and labels
+
+
+def _prepare(raw):
+    return prepare_raw(raw, MRPC, {split: "tiny" for split in raw})
 
 
 def _replace(raw, split, column, row, value):
@@ -16,8 +25,13 @@ def _replace(raw, split, column, row, value):
     return DatasetDict({**raw, split: ds})
 
 
-def test_tiny_raw_passes(tiny_raw):
-    check_raw(tiny_raw, "tiny")
+def test_tiny_raw_passes_unchanged(tiny_raw):
+    prepared, task = _prepare(tiny_raw)
+    assert task == glue_task("mrpc") and task.label_names == ("not_equivalent", "equivalent")
+    for split in tiny_raw:
+        assert prepared[split].column_names == ["sentence1", "sentence2", "label", "idx"]
+        assert prepared[split]["label"] == tiny_raw[split]["label"]
+        assert prepared[split]["sentence2"] == tiny_raw[split]["sentence2"]
 
 
 @pytest.mark.parametrize("column,value,message", [
@@ -26,34 +40,34 @@ def test_tiny_raw_passes(tiny_raw):
 ])
 def test_empty_sentences_are_named(tiny_raw, column, value, message):
     with pytest.raises(DataError, match=message):
-        check_raw(_replace(tiny_raw, "validation", column, 3, value), "tiny")
+        _prepare(_replace(tiny_raw, "validation", column, 3, value))
 
 
 def test_bad_label_missing_column_and_empty_split(tiny_raw):
     with pytest.raises(DataError, match=r"tiny: split 'train' row idx=5: label 2 not in \[0, 1\]"):
-        check_raw(_replace(tiny_raw, "train", "label", 5, 2), "tiny")
-    with pytest.raises(DataError, match=r"split 'test' lacks column\(s\) \['idx'\]"):
-        check_raw(DatasetDict({**tiny_raw, "test": tiny_raw["test"].remove_columns("idx")}), "tiny")
+        _prepare(_replace(tiny_raw, "train", "label", 5, 2))
+    with pytest.raises(DataError, match=r"split 'test' lacks column\(s\) \['sentence2'\]"):
+        _prepare(DatasetDict({**tiny_raw, "test": tiny_raw["test"].remove_columns("sentence2")}))
     with pytest.raises(DataError, match="split 'test' is empty"):
-        check_raw(DatasetDict({**tiny_raw, "test": tiny_raw["test"].select([])}), "tiny")
-    with pytest.raises(DataError, match=r"missing split\(s\) \['validation'\]"):
-        check_raw(DatasetDict({"train": tiny_raw["train"], "test": tiny_raw["test"]}), "tiny")
+        _prepare(DatasetDict({**tiny_raw, "test": tiny_raw["test"].select([])}))
+    with pytest.raises(DataError, match=r"no train split; found \['validation', 'test'\]"):
+        _prepare(DatasetDict({"validation": tiny_raw["validation"], "test": tiny_raw["test"]}))
 
 
 def test_repeated_idx_and_null_label_are_named(tiny_raw):
     # select() gives a dataset with an indices mapping, as max_samples does: the rows checked are the selected ones.
     repeated = DatasetDict({**tiny_raw, "train": tiny_raw["train"].select([0, 1, 2, 1])})
     with pytest.raises(DataError, match=r"tiny: split 'train': idx=1 is repeated in rows \[1, 3\]; each idx must be"):
-        check_raw(repeated, "tiny")
+        _prepare(repeated)
     labels = [None if i == 4 else label for i, label in enumerate(tiny_raw["validation"]["label"])]
     validation = tiny_raw["validation"].remove_columns("label").add_column("label", labels)
     null = DatasetDict({**tiny_raw, "validation": validation})
     with pytest.raises(DataError, match=r"split 'validation' row idx=4: label is missing \(null\)"):
-        check_raw(null, "tiny")
+        _prepare(null)
 
 
 def test_tokenize_follows_the_course(tiny_raw, tokenizer):
-    tokenized = tokenize(tiny_raw, tokenizer, max_length=128)
+    tokenized = tokenize(tiny_raw, tokenizer, 128, ("sentence1", "sentence2"))
     assert tokenized["train"].column_names == ["labels", "input_ids", "token_type_ids", "attention_mask"]
     assert tokenized["train"]["labels"] == tiny_raw["train"]["label"]
     row = tiny_raw["train"][0]
@@ -64,7 +78,7 @@ def test_tokenize_follows_the_course(tiny_raw, tokenizer):
 
 
 def test_truncation_and_length_stats(tiny_raw, tokenizer):
-    tokenized = tokenize(tiny_raw, tokenizer, max_length=12)
+    tokenized = tokenize(tiny_raw, tokenizer, 12, ("sentence1", "sentence2"))
     stats = length_stats(tokenized["train"], 12)
     assert stats["max"] == 12 and stats["truncated"] == stats["examples"] == 40
     assert stats["min"] <= stats["mean"] <= stats["max"]

@@ -47,11 +47,11 @@ def test_a_missing_import_or_metric_module_is_caught():
     # metric module that picks the best epoch (loaded by path with evaluate.load, not imported).
     broken = copy.deepcopy(DVC_YAML)
     broken["stages"]["download"]["deps"].remove("finetune/sources.py")
-    broken["stages"]["train"]["deps"] = [d for d in broken["stages"]["train"]["deps"] if d != "finetune/mrpc_metric.py"]
+    broken["stages"]["train"]["deps"] = [d for d in broken["stages"]["train"]["deps"] if d != "finetune/glue_metric.py"]
     broken["stages"]["tokenize"]["deps"].append("finetune/training.py")
     assert code_deps_drift(broken) == {
         "download": {"missing": ["finetune/sources.py"], "extra": []},
-        "train": {"missing": ["finetune/mrpc_metric.py"], "extra": []},
+        "train": {"missing": ["finetune/glue_metric.py"], "extra": []},
         "tokenize": {"missing": [], "extra": ["finetune/training.py"]},
     }
 

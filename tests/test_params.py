@@ -18,7 +18,8 @@ def test_committed_params_hold_the_chosen_defaults():
     # Chosen on validation by the sweep (metrics/sweeps/README.md).
     assert (p.train.epochs, p.train.batch_size, p.train.lr, p.train.warmup_ratio, p.train.weight_decay) == (
         3, 16, 1e-4, 0.06, 0.01)
-    assert (p.train.scheduler, p.train.seed, p.train.metric_for_best, p.train.keep_best) == ("cosine", 42, "f1", True)
+    # metric_for_best null: the task's main metric, F1 for MRPC.
+    assert (p.train.scheduler, p.train.seed, p.train.metric_for_best, p.train.keep_best) == ("cosine", 42, None, True)
     assert (p.train.group_by_length, p.train.adamw_impl, p.train.mixed_precision, p.train.torch_compile) == (
         True, "fused", "auto", False)
     assert (p.data.dataset, p.data.config) == ("nyu-mll/glue", "mrpc")
@@ -73,8 +74,22 @@ BAD = [
      "train.gradient_accumulation_steps: Input should be greater than or equal to 1"),
     ({"train.max_grad_norm": 0}, "train.max_grad_norm: Input should be greater than 0"),
     ({"train.max_grad_norm": -1.0}, "train.max_grad_norm: Input should be greater than 0"),
-    ({"train.metric_for_best": "precision"},
-     "train.metric_for_best: Input should be 'f1', 'accuracy' or 'loss' (got 'precision')"),
+    ({"train.metric_for_best": ""}, "train.metric_for_best: String should have at least 1 character"),
+    ({"data.config": "mrcp"}, "data: Value error, config: 'mrcp' is not a GLUE task; GLUE's are cola, sst2, mrpc, "
+                              "qqp, stsb, mnli, qnli, rte, wnli"),
+    ({"data.text_columns": ["s1"]}, "data: Value error, GLUE task 'mrpc' defines its columns, labels and metric; set "
+                                    "text_columns to null"),
+    ({"data.files": {"train": "data/own/train.csv"}},
+     "data: Value error, files and dataset/config are both set: own files need dataset: null and config: null"),
+    ({"data.files": {"train": "elsewhere/train.csv"}, "data.dataset": None, "data.config": None,
+      "data.text_columns": ["text"]},
+     "data: Value error, files.train: 'elsewhere/train.csv' is not under data/own/; put your files there"),
+    ({"data.files": {"validation": "data/own/v.csv"}, "data.dataset": None, "data.config": None},
+     "data: Value error, files: no train file (got splits ['validation'])"),
+    ({"data.files": {"train": "data/own/t.csv"}, "data.dataset": None, "data.config": None},
+     "data: Value error, text_columns: own files need the text column(s)"),
+    ({"data.text_columns": ["a", "b", "c"]}, "data.text_columns: List should have at most 2 items"),
+    ({"data.validation_fraction": 1.5}, "data.validation_fraction: Input should be less than 1"),
     ({"train.keep_best": "true"}, "train.keep_best: Input should be a valid boolean"),
     ({"train.early_stopping_patience": 0}, "train.early_stopping_patience: Input should be greater than or equal to 1"),
     ({"train.early_stopping_threshold": -0.1},
@@ -83,7 +98,8 @@ BAD = [
     ({"train.accelerate_config": ""}, "train.accelerate_config: String should have at least 1 character"),
     ({"train.learning_rate": 1e-4}, "train.learning_rate: Extra inputs are not permitted"),
     ({"evaluate.splits": []}, "evaluate.splits: List should have at least 1 item"),
-    ({"evaluate.splits": ["train"]}, "evaluate.splits.0: Input should be 'validation' or 'test'"),
+    ({"evaluate.splits": ["train"]},
+     "evaluate.splits.0: Input should be 'validation', 'test', 'validation_mismatched' or 'test_mismatched'"),
     ({"data.max_samples": 0}, "data.max_samples: Input should be greater than or equal to 1"),
     ({"model.checkpoint": ""}, "model.checkpoint: String should have at least 1 character"),
     ({"model.reinit_head": "yes"}, "model.reinit_head: Input should be a valid boolean (got 'yes')"),

@@ -1,5 +1,7 @@
 """Train and evaluate stages on a tiny random BERT: outputs, loading, determinism, metrics."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,9 +12,12 @@ from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoModelForSequenceClassification, pipeline
 
 from finetune.evaluation import load_metric
+from finetune.tasks import glue_task
 from finetune.training import train
 from stages.evaluate import evaluate_model
 from tests.helpers import make_project, reset_accelerate, tiny_params
+
+MRPC = glue_task("mrpc")
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +61,17 @@ def test_same_seed_gives_identical_weights(finetuned, tiny_project):
     assert all(torch.equal(first[k], second[k]) for k in first)
 
 
-def test_metric_module_matches_scikit_learn():
+def test_mrpc_metric_matches_scikit_learn():
     rng = np.random.default_rng(0)
     for n in (1, 7, 100, 1000):
         refs, preds = rng.integers(0, 2, n), rng.integers(0, 2, n)
-        metric = load_metric()
+        metric = load_metric(MRPC)
         for start in range(0, n, 32):
             metric.add_batch(predictions=preds[start:start + 32], references=refs[start:start + 32])
         result = metric.compute()
         assert result["accuracy"] == pytest.approx(accuracy_score(refs, preds))
         assert result["f1"] == pytest.approx(f1_score(refs, preds, zero_division=0.0))
-    assert load_metric().compute(predictions=[0, 0], references=[0, 0]) == {"accuracy": 1.0, "f1": 0.0}
+    assert load_metric(MRPC).compute(predictions=[0, 0], references=[0, 0]) == {"accuracy": 1.0, "f1": 0.0}
 
 
 def test_evaluate_writes_metrics_predictions_and_plots(finetuned, tiny_raw):
@@ -75,27 +80,35 @@ def test_evaluate_writes_metrics_predictions_and_plots(finetuned, tiny_raw):
     results = evaluate_model(params, paths)
     for split in ("validation", "test"):
         table = pd.read_csv(paths.predictions / f"{split}.csv")
-        assert list(table.columns) == ["idx", "sentence1", "sentence2", "label", "prediction", "probability"]
+        assert list(table.columns) == ["idx", "sentence1", "sentence2", "label", "prediction",
+                                       "probability_not_equivalent", "probability_equivalent"]
         assert table["idx"].tolist() == tiny_raw[split]["idx"]
-        assert ((table["probability"] >= 0.5) == (table["prediction"] == 1)).all()
+        assert set(table["label"]) <= {"not_equivalent", "equivalent"}
+        assert ((table["probability_equivalent"] >= 0.5) == (table["prediction"] == "equivalent")).all()
+        assert np.allclose(table["probability_equivalent"] + table["probability_not_equivalent"], 1, atol=1e-4)
         assert results[split]["examples"] == len(table)
         assert results[split]["accuracy"] == pytest.approx(accuracy_score(table["label"], table["prediction"]), abs=1e-4)
-        assert results[split]["f1"] == pytest.approx(f1_score(table["label"], table["prediction"]), abs=1e-4)
+        assert results[split]["f1"] == pytest.approx(
+            f1_score(table["label"], table["prediction"], pos_label="equivalent"), abs=1e-4)
+        cells = json.loads((paths.eval_logs / "plots" / "sklearn" / split / "confusion_matrix.json").read_text())
+        assert {cell["actual"] for cell in cells} <= {"not_equivalent", "equivalent"}
         for plot in ("confusion_matrix", "precision_recall", "roc"):
             assert (paths.eval_logs / "plots" / "sklearn" / split / f"{plot}.json").is_file()
 
 
 def test_unlabeled_test_split_gets_predictions_only(finetuned, tiny_raw, tmp_path):
     paths, _ = finetuned
-    unlabeled = lambda ds: ds.cast_column("label", ds.features["idx"]).map(lambda r: {"label": -1})  # noqa: E731
+    # A prepared unlabeled split has no label column (download drops GLUE's -1 labels).
     project = make_project(tmp_path / "unlabeled", tiny_params())
-    DatasetDict({**tiny_raw, "test": unlabeled(tiny_raw["test"])}).save_to_disk(str(project.raw))
+    DatasetDict({**tiny_raw, "test": tiny_raw["test"].remove_columns("label")}).save_to_disk(str(project.raw))
     tokenized = load_from_disk(str(paths.tokenized))
-    DatasetDict({**tokenized, "test": tokenized["test"].map(lambda r: {"labels": -1})}).save_to_disk(
-        str(project.tokenized))
+    DatasetDict({**tokenized, "test": tokenized["test"].remove_columns("labels")}).save_to_disk(str(project.tokenized))
+    MRPC.save(project.raw)
+    MRPC.save(project.tokenized)
     project.finetuned.parent.mkdir(parents=True)
     project.finetuned.symlink_to(paths.finetuned)
     results = evaluate_model(tiny_params(evaluate={"sort_by_length": True, "splits": ["test"]}), project)
     assert results == {"test": {"examples": 19}}
-    assert (project.predictions / "test.csv").exists()
+    table = pd.read_csv(project.predictions / "test.csv")
+    assert "label" not in table and set(table["prediction"]) <= {"not_equivalent", "equivalent"}
     assert not (project.eval_logs / "plots").exists()  # no labels, no plots

@@ -1,0 +1,130 @@
+"""What a run learns and how it is scored: the task of the data (text columns, labels, metric), found once by the
+download stage and saved beside the data (``task.json``) for every later stage, the fine-tuned model and predict.
+
+GLUE's nine tasks are known by name (``GLUE_TASKS``, from the GLUE paper, Wang et al. 2018,
+https://arxiv.org/abs/1804.07461, and the Hub's ``nyu-mll/glue`` card); the user's own files are described by
+``data.*`` params, and what they leave open is read off the data (``finetune.data.prepare_raw``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+TASK_FILE = "task.json"  # in data/raw, data/tokenized and models/finetuned
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task: its text columns, its class names (as on the Hub), its metrics (the first picks the best epoch by default), and the Hub's
+    split names where they differ from train / validation / test (MNLI)."""
+
+    text_columns: tuple[str, ...]
+    label_names: tuple[str, ...] | None  # None: regression
+    metrics: tuple[str, ...]
+    splits: dict[str, str] = field(default_factory=dict)  # the Hub's name -> the pipeline's
+
+
+GLUE_TASKS = {
+    "cola": GlueTask(("sentence",), ("unacceptable", "acceptable"), ("matthews_correlation",)),
+    "sst2": GlueTask(("sentence",), ("negative", "positive"), ("accuracy",)),
+    "mrpc": GlueTask(("sentence1", "sentence2"), ("not_equivalent", "equivalent"), ("f1", "accuracy")),
+    "qqp": GlueTask(("question1", "question2"), ("not_duplicate", "duplicate"), ("f1", "accuracy")),
+    "stsb": GlueTask(("sentence1", "sentence2"), None, ("pearson", "spearmanr")),
+    "mnli": GlueTask(("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), ("accuracy",),
+                     splits={"validation_matched": "validation", "test_matched": "test"}),
+    "qnli": GlueTask(("question", "sentence"), ("entailment", "not_entailment"), ("accuracy",)),
+    "rte": GlueTask(("sentence1", "sentence2"), ("entailment", "not_entailment"), ("accuracy",)),
+    "wnli": GlueTask(("sentence1", "sentence2"), ("not_entailment", "entailment"), ("accuracy",)),
+}
+GLUE_DATASETS = ("nyu-mll/glue", "glue")  # Hub ids whose configs must be GLUE tasks
+
+# The metrics of the user's own data, by kind (finetune/glue_metric.py computes them under these config names).
+OWN_METRICS = {"binary": ("f1", "accuracy"), "multiclass": ("macro_f1", "accuracy"),
+               "regression": ("pearson", "spearmanr", "mse")}
+LOWER_IS_BETTER = {"loss", "mse"}
+
+
+@dataclass(frozen=True)
+class Task:
+    """The task of a prepared dataset.
+
+    ``label_names`` are the class names in id order (None for regression); ``metric_config`` is the config of
+    finetune/glue_metric.py that scores it (a GLUE task name, or binary / multiclass / regression for own data);
+    ``positive_label`` is the id whose F1 is reported for binary own data.
+    """
+
+    name: str  # the GLUE task, or "own"
+    text_columns: tuple[str, ...]
+    label_names: tuple[str, ...] | None
+    metric_config: str
+    metrics: tuple[str, ...]  # what the metric returns, the first being the default for train.metric_for_best
+    positive_label: int = 1
+
+    @property
+    def is_regression(self) -> bool:
+        return self.label_names is None
+
+    @property
+    def num_labels(self) -> int:
+        """Outputs of the model's head: 1 for regression (a score), else one logit per class."""
+        return 1 if self.is_regression else len(self.label_names)
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return {0: "score"} if self.is_regression else dict(enumerate(self.label_names))
+
+    def metric_for_best(self, choice: str | None) -> tuple[str, str]:
+        """``(name, mode)`` of the validation metric that picks the best epoch: ``choice`` (``train.metric_for_best``)
+        or, when None, the task's first metric; mode 'min' for loss and MSE, 'max' otherwise.
+
+        Raises:
+            ValueError: ``choice`` is not ``loss`` nor one of the task's metrics; the message lists them.
+        """
+        name = choice or self.metrics[0]
+        if name not in ("loss", *self.metrics):
+            raise ValueError(f"train.metric_for_best: {name!r} is not a metric of task {self.name!r}; "
+                             f"choose one of {['loss', *self.metrics]} or null (its main metric, {self.metrics[0]!r})")
+        return name, "min" if name in LOWER_IS_BETTER else "max"
+
+    def save(self, folder: str | Path) -> None:
+        """Write the task as ``folder/task.json``."""
+        (Path(folder) / TASK_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "Task":
+        """The task saved in ``folder/task.json`` (by ``save``).
+
+        Raises:
+            FileNotFoundError: ``folder`` holds no task.json (data prepared by an older version: rerun download).
+        """
+        raw = json.loads((Path(folder) / TASK_FILE).read_text())
+        return cls(**{**raw, "text_columns": tuple(raw["text_columns"]),
+                      "label_names": tuple(raw["label_names"]) if raw["label_names"] is not None else None,
+                      "metrics": tuple(raw["metrics"])})
+
+
+def glue_task(config: str) -> Task:
+    """The Task of GLUE config ``config``."""
+    g = GLUE_TASKS[config]
+    return Task(config, g.text_columns, g.label_names, config, g.metrics)
+
+
+def own_task(text_columns: tuple[str, ...], label_names: tuple[str, ...] | None,
+             positive_label: str | None = None) -> Task:
+    """The Task of the user's own data: regression when ``label_names`` is None, else binary or multi-class.
+
+    Raises:
+        ValueError: ``positive_label`` is not one of ``label_names``.
+    """
+    if label_names is None:
+        kind, positive = "regression", 1
+    elif len(label_names) == 2:
+        kind = "binary"
+        if positive_label is not None and positive_label not in label_names:
+            raise ValueError(f"data.positive_label: {positive_label!r} is not a label of the data {list(label_names)}")
+        positive = label_names.index(positive_label) if positive_label is not None else 1
+    else:
+        kind, positive = "multiclass", 1
+    return Task("own", text_columns, label_names, kind, OWN_METRICS[kind], positive)

@@ -1,0 +1,101 @@
+"""Score new examples with the fine-tuned model: a CSV / TSV / JSON Lines / JSON / Parquet file in, the same rows
+with the predicted label and one probability per class (regression: the predicted score) out.
+
+Not a pipeline stage: what users run next, on data the pipeline has never seen. The file needs the text columns the
+model was trained on (``models/finetuned/task.json``, e.g. ``sentence1`` and ``sentence2`` for MRPC); other columns
+are kept as they are.
+
+    python -m tools.predict new_pairs.csv --out predictions.csv
+    python -m tools.predict reviews.jsonl --model models/finetuned --batch-size 64 --out scored.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from finetune.batches import evaluation_batches, make_collator
+from finetune.data import load_files, tokenize
+from finetune.errors import DataError, PipelineError
+from finetune.evaluation import evaluate_split, predictions_of
+from finetune.params import EvaluateParams
+from finetune.runtime import make_accelerator, set_cpu_threads, setup_logging
+from finetune.sources import check_checkpoint
+from finetune.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length: int | None = None) -> pd.DataFrame:
+    """The rows of ``input_file`` with ``prediction`` (class name, or score for regression) and, for classification,
+    ``probability_<name>`` per class, in the file's order.
+
+    Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order.
+
+    Raises:
+        CheckpointError: ``model_dir`` lacks config, weights or tokenizer.
+        DataError: the file can't be read, lacks a text column (the message lists those it has), or has an empty
+            text; naming the file and the row.
+    """
+    check_checkpoint(model_dir)
+    task = Task.load(model_dir)
+    data = load_files({"input": input_file})["input"]
+    missing = [c for c in task.text_columns if c not in data.column_names]
+    if missing:
+        raise DataError(f"{input_file}: lacks column(s) {missing} that the model reads; has {data.column_names}")
+    rows = data.to_pandas()
+    for column in task.text_columns:
+        empty = np.flatnonzero((rows[column].isna() | (rows[column].astype(str).str.strip() == "")).to_numpy())
+        if empty.size:
+            raise DataError(f"{input_file}: row {empty[0]}: empty {column} (null, empty or only whitespace)")
+    text = data.select_columns(list(task.text_columns)).add_column("idx", list(range(len(data))))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenized = tokenize({"input": text}, tokenizer, max_length or tokenizer.model_max_length, task.text_columns)
+    set_cpu_threads(None)
+    accelerator = make_accelerator()
+    model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(model_dir))
+    loader, order = evaluation_batches(tokenized["input"], make_collator(tokenizer),
+                                       EvaluateParams(batch_size=batch_size, sort_by_length=True, splits=["test"]))
+    _, logits = evaluate_split(model, accelerator.prepare(loader), accelerator, task, None, desc="predict")
+    logits = logits[np.argsort(order)]
+    predicted = predictions_of(logits, task).numpy()
+    if task.is_regression:
+        rows["prediction"] = predicted.round(5)
+        return rows
+    rows["prediction"] = np.array(task.label_names)[predicted]
+    probabilities = torch.softmax(logits, dim=-1).numpy().round(5)
+    for i, name in enumerate(task.label_names):
+        rows[f"probability_{name}"] = probabilities[:, i]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("input", type=Path, help="CSV, TSV, JSON Lines, JSON or Parquet file of new examples")
+    parser.add_argument("--model", type=Path, default=Path("models/finetuned"), help="fine-tuned model folder")
+    parser.add_argument("--out", type=Path, default=Path("predictions.csv"), help="CSV to write")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-length", type=int, default=None, help="truncation in tokens (default: the model's)")
+    args = parser.parse_args(argv)
+    setup_logging()
+    try:
+        table = predict(args.input, args.model, args.batch_size, args.max_length)
+    except PipelineError as err:
+        sys.exit(f"ERROR: {err}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.out.with_name(f".{args.out.name}.tmp")  # renamed when complete: never a half-written file
+    table.to_csv(partial, index=False)
+    os.replace(partial, args.out)
+    log.info("Wrote %d predictions to %s", len(table), args.out)
+
+
+if __name__ == "__main__":
+    main()
