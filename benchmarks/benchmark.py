@@ -50,6 +50,7 @@ def course_loop(max_steps: int | None) -> dict:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, get_scheduler
 
     from finetune.evaluation import load_metric
+    from finetune.tasks import glue_task
 
     start = time.perf_counter()
     raw_datasets = load_from_disk(str(RAW_DIR))
@@ -96,7 +97,7 @@ def course_loop(max_steps: int | None) -> dict:
     _sync()
     train_seconds = time.perf_counter() - train_start
 
-    metric = load_metric()
+    metric = load_metric(glue_task("mrpc"))
     model.eval()
     for batch in eval_dataloader:
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -116,6 +117,7 @@ def trainer(max_steps: int | None) -> dict:
                               TrainingArguments)
 
     from finetune.evaluation import load_metric
+    from finetune.tasks import glue_task
 
     start = time.perf_counter()
     raw = load_from_disk(str(RAW_DIR))
@@ -123,7 +125,7 @@ def trainer(max_steps: int | None) -> dict:
     tokenized = raw.map(lambda b: tokenizer(b["sentence1"], b["sentence2"], truncation=True), batched=True,
                         keep_in_memory=True)
     model = AutoModelForSequenceClassification.from_pretrained(PRETRAINED_DIR, num_labels=2)
-    metric = load_metric()
+    metric = load_metric(glue_task("mrpc"))
 
     def compute_metrics(eval_pred):
         logits, labels = eval_pred

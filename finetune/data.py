@@ -173,9 +173,12 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
 
     regression = GLUE_TASKS[p.glue_task].label_names is None if p.glue_task else _is_regression(raw["train"], p)
     names, ids = (None, False) if regression else _label_names(raw["train"], frames, p, where)
-    labels = {split: _encode_labels(df, split, where[split], names, ids) for split, df in frames.items()}
+    labels = {"train": _encode_labels(frames["train"], "train", where["train"], names, ids)}
     if names is not None:
-        _check_classes(labels, names, where)
+        _check_train_classes(labels["train"], names, where["train"])
+    for split, df in frames.items():
+        if split != "train":
+            labels[split] = _encode_labels(df, split, where[split], names, ids, seen=labels["train"])
     try:
         task = glue_task(p.glue_task) if p.glue_task else own_task(text_columns, names, p.positive_label)
     except ValueError as err:
@@ -198,13 +201,17 @@ def _frame(ds: Dataset, text_columns: tuple[str, ...], label_column: str) -> pd.
     columns = [c for c in dict.fromkeys([*text_columns, label_column, "idx"]) if c in ds.column_names]
     df = ds.select_columns(columns).to_pandas()
     df["label"] = df[label_column] if label_column in df else None
-    if "idx" not in ds.column_names:
+    df.attrs["numbered"] = "idx" not in ds.column_names  # no idx of its own: rows are named by number
+    if df.attrs["numbered"]:
         df["idx"] = np.arange(len(df))
     return df
 
 
 def _row(where: str, split: str, df: pd.DataFrame, row: int) -> str:
-    """Where a row is, for a DataError: ``<where>: split '<split>' row idx=<idx>``."""
+    """Where a row is, for a DataError: ``<where>: split '<split>' row idx=<idx>`` (the data's own idx), or
+    ``row <n>`` (0-based, the header not counted) for data without one."""
+    if df.attrs.get("numbered"):
+        return f"{where}: split {split!r} row {row}"
     return f"{where}: split {split!r} row idx={df['idx'].iat[row]}"
 
 
@@ -290,14 +297,16 @@ def _label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
     return tuple(str(v) for v in values), False
 
 
-def _encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ...] | None,
-                   ids: bool) -> np.ndarray | None:
+def _encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ...] | None, ids: bool,
+                   seen: np.ndarray | None = None) -> np.ndarray | None:
     """The split's labels as class ids (or float scores for regression, ``names`` None); None when unlabeled.
 
-    ``ids``: numeric labels are ids into ``names`` (else every label is matched to a name as text).
+    ``ids``: numeric labels are ids into ``names`` (else every label is matched to a name as text). ``seen``: train's
+    class ids, for the splits after it: a class train lacks is an error.
 
     Raises:
-        DataError: a null, unknown or non-numeric label, or -1 among labeled rows; naming the row.
+        DataError: a null, unknown or non-numeric label, -1 among labeled rows, or a class train lacks; naming the
+            row.
     """
     labels = df["label"]
     missing = _missing(labels)
@@ -325,13 +334,20 @@ def _encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, .
         if bad.size:
             raise DataError(f"{_row(where, split, df, bad[0])}: label {_plain(values[bad[0]])} not in "
                             f"{list(range(len(names)))} (the ids of {list(names)})")
-        return numbers.astype("int64")
-    position = {name: i for i, name in enumerate(names)}
-    text = np.array([str(_plain(v)) for v in values])
-    bad = np.flatnonzero(~np.isin(text, list(position)))
-    if bad.size:
-        raise DataError(f"{_row(where, split, df, bad[0])}: label {text[bad[0]]!r} not in {list(names)}")
-    return np.array([position[t] for t in text], dtype="int64")
+        encoded = numbers.astype("int64")
+    else:
+        position = {name: i for i, name in enumerate(names)}
+        text = np.array([str(_plain(v)) for v in values])
+        bad = np.flatnonzero(~np.isin(text, list(position)))
+        if bad.size:
+            raise DataError(f"{_row(where, split, df, bad[0])}: label {str(text[bad[0]])!r} not in {list(names)}"
+                            f"{'' if ids or seen is None else ' (the labels of train)'}")
+        encoded = np.array([position[t] for t in text], dtype="int64")
+    unseen = np.flatnonzero(~np.isin(encoded, seen)) if seen is not None else []
+    if len(unseen):
+        raise DataError(f"{_row(where, split, df, unseen[0])}: class {names[encoded[unseen[0]]]!r} is absent from "
+                        "train; the model can't learn it")
+    return encoded
 
 
 def _plain(value):
@@ -341,17 +357,12 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _check_classes(labels: dict[str, np.ndarray | None], names: tuple[str, ...], where: dict[str, str]) -> None:
-    """Train holds at least two classes, and every class of another labeled split is in train."""
-    seen = set(np.unique(labels["train"]).tolist())
+def _check_train_classes(train: np.ndarray, names: tuple[str, ...], where: str) -> None:
+    """Train holds at least two classes."""
+    seen = np.unique(train)
     if len(seen) < 2:
-        raise DataError(f"{where['train']}: split 'train' has one class only ({names[seen.pop()]!r}); "
-                        "a classifier needs at least two")
-    for split, ids in labels.items():
-        unseen = sorted(set(np.unique(ids).tolist()) - seen) if ids is not None else []
-        if unseen:
-            raise DataError(f"{where[split]}: split {split!r} has class {names[unseen[0]]!r}, which train lacks; "
-                            "the model can't learn it")
+        raise DataError(f"{where}: split 'train' has one class only ({names[seen[0]]!r}); a classifier needs at least "
+                        "two")
 
 
 def carve_validation(train: Dataset, fraction: float, seed: int, stratify: bool) -> tuple[Dataset, Dataset]:

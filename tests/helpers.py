@@ -130,30 +130,76 @@ def make_project(root: Path, params: Params, raw: DatasetDict | None = None, che
     return paths
 
 
-def write_hub_folder(root: Path, splits: dict | None, config: str = "mrpc") -> Path:
+def write_hub_folder(root: Path, splits: dict | None, config: str = "mrpc", more: dict | None = None) -> Path:
     """``root`` laid out like the Hub repo nyu-mll/glue: ``<config>/<split>-00000-of-00001.parquet`` and a README.md
     whose ``configs:`` header lists the splits. ``splits`` maps a split to a DataFrame or Dataset (written as
     parquet), bytes (the file's raw content) or None (listed in the README, no file). ``{}``: an empty folder;
-    None: no folder at all.
+    None: no folder at all. ``more``: other configs, ``{config: splits}``, in the same folder.
     """
     if splits is None:
         return root
     root.mkdir(parents=True)
     if not splits:
         return root
-    (root / config).mkdir()
-    for split, data in splits.items():
-        file = root / config / f"{split}-00000-of-00001.parquet"
-        if isinstance(data, bytes):
-            file.write_bytes(data)
-        elif isinstance(data, Dataset):
-            data.to_parquet(str(file))
-        elif data is not None:
-            data.to_parquet(file, index=False)
-    header = ["---", "configs:", f"- config_name: {config}", "  data_files:"]
-    header += [f"  - split: {split}\n    path: {config}/{split}-*" for split in splits]
+    header = ["---", "configs:"]
+    for name, config_splits in {config: splits, **(more or {})}.items():
+        (root / name).mkdir()
+        for split, data in config_splits.items():
+            file = root / name / f"{split}-00000-of-00001.parquet"
+            if isinstance(data, bytes):
+                file.write_bytes(data)
+            elif isinstance(data, Dataset):
+                data.to_parquet(str(file))
+            elif data is not None:
+                data.to_parquet(file, index=False)
+        header += [f"- config_name: {name}", "  data_files:"]
+        header += [f"  - split: {split}\n    path: {name}/{split}-*" for split in config_splits]
     (root / "README.md").write_text("\n".join([*header, "---", "", "Test data."]))
     return root
+
+
+MOODS = {"negative": ["awful", "dull", "terrible"], "neutral": ["ordinary", "average", "plain"],
+         "positive": ["wonderful", "brilliant", "delightful"]}
+
+
+def own_frame(kind: str, n: int, seed: int) -> "pd.DataFrame":
+    """``n`` rows of the user's own data, as a DataFrame. ``kind``:
+
+    - ``single-3``: one ``text`` column, string labels negative / neutral / positive (``mood``);
+    - ``pair-2``: ``question`` and ``answer``, string labels yes / no (``verdict``);
+    - ``pair-regression``: ``sentence1`` and ``sentence2``, a float ``score`` in [0, 5].
+    """
+    import pandas as pd
+
+    rng = random.Random(seed)
+    if kind == "single-3":
+        moods = [rng.choice(sorted(MOODS)) for _ in range(n)]
+        return pd.DataFrame({"text": [f"{rng.choice(SUBJECTS)} was {rng.choice(MOODS[m])} today." for m in moods],
+                             "mood": moods})
+    if kind == "pair-2":
+        same = [rng.random() < 0.5 for _ in range(n)]
+        events = [(rng.choice(EVENTS), rng.choice(EVENTS)) for _ in range(n)]
+        return pd.DataFrame({"question": [f"Who {a}?" for a, _ in events],
+                             "answer": [f"The team {a if s else b}." for s, (a, b) in zip(same, events)],
+                             "verdict": ["yes" if s else "no" for s in same]})
+    if kind == "pair-regression":
+        rows = [(rng.choice(EVENTS), rng.choice(EVENTS)) for _ in range(n)]
+        return pd.DataFrame({"sentence1": [f"Police {a}." for a, _ in rows], "sentence2": [f"Police {b}." for _, b in rows],
+                             "score": [5.0 if a == b else round(rng.uniform(0, 3), 2) for a, b in rows]})
+    raise ValueError(kind)
+
+
+def write_own_file(df: "pd.DataFrame", file: Path) -> Path:
+    """``df`` written as ``file`` in the format its suffix names (csv, tsv, json, jsonl, parquet)."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    suffix = file.suffix
+    if suffix in (".csv", ".tsv"):
+        df.to_csv(file, index=False, sep="," if suffix == ".csv" else "\t")
+    elif suffix in (".json", ".jsonl"):
+        df.to_json(file, orient="records", lines=suffix == ".jsonl")
+    else:
+        df.to_parquet(file, index=False)
+    return file
 
 
 def project_env(**extra: str) -> dict:

@@ -15,7 +15,7 @@ from finetune.errors import CheckpointError, DataError, SourceError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task
 from stages.download import download_checkpoint, download_dataset
-from tests.helpers import make_split, tiny_params, write_hub_folder
+from tests.helpers import make_split, own_frame, tiny_params, write_hub_folder
 
 
 def with_cell(splits: dict, split: str, row: int, column: str, value) -> dict:
@@ -133,6 +133,93 @@ def test_library_error_is_chained(good, tmp_path):
     with pytest.raises(DataError) as err:
         _load(folder, tmp_path / "raw")
     assert isinstance(err.value.__cause__, FileNotFoundError)
+
+
+# The user's own files (data.files): each bad file is a good tiny CSV with one change, loaded as download does.
+
+def _own(tmp_path, monkeypatch, frames: dict, **data) -> dict:
+    """Write ``frames`` (split -> DataFrame, or a file name -> text) under tmp_path/data/own and download them."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    files = {}
+    for split, frame in frames.items():
+        name = frame[0] if isinstance(frame, tuple) else f"{split}.csv"
+        path = tmp_path / "data" / "own" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(frame[1]) if isinstance(frame, tuple) else frame.to_csv(path, index=False)
+        files[split] = f"data/own/{name}"
+    params = tiny_params(data={"dataset": None, "config": None, "local_copy": None, "files": files,
+                               "text_columns": ["question", "answer"], "label_column": "verdict", **data})
+    return download_dataset(params.data, tmp_path / "data" / "raw")
+
+
+def _cell(df, row, column, value):
+    df = df.copy()
+    df[column] = df[column].astype(object)
+    df.at[row, column] = value
+    return df
+
+
+def _own_good():
+    return {"train": own_frame("pair-2", 30, 0), "validation": own_frame("pair-2", 12, 1)}
+
+
+def _regression():
+    return {"train": own_frame("pair-regression", 20, 0).rename(columns={"sentence1": "question", "sentence2": "answer",
+                                                                         "score": "verdict"})}
+
+
+# (id, the files, extra data params, the message)
+BAD_OWN_FILES = [
+    ("misspelled-text-column", lambda: {**_own_good(), "validation": _own_good()["validation"].rename(
+        columns={"answer": "answr"})}, {},
+     "data/own/validation.csv: split 'validation' lacks column(s) ['answer']; has ['question', 'answr', 'verdict']"),
+    ("missing-label-column", lambda: {**_own_good(), "train": _own_good()["train"].drop(columns="verdict")}, {},
+     "data/own/train.csv: split 'train' lacks column(s) ['verdict']; has ['question', 'answer']"),
+    ("label-outside-declared-names", lambda: {**_own_good(), "validation": _cell(_own_good()["validation"], 3,
+                                                                                  "verdict", "maybe")},
+     {"label_names": ["no", "yes"]}, "data/own/validation.csv: split 'validation' row 3: label 'maybe' not in ['no', 'yes']"),
+    ("label-outside-train-labels", lambda: {**_own_good(), "validation": _cell(_own_good()["validation"], 5,
+                                                                                "verdict", "maybe")}, {},
+     "data/own/validation.csv: split 'validation' row 5: label 'maybe' not in ['no', 'yes'] (the labels of train)"),
+    ("class-absent-from-train", lambda: {**_own_good(), "validation": _cell(_own_good()["validation"], 2,
+                                                                             "verdict", "maybe")},
+     {"label_names": ["no", "yes", "maybe"]},
+     "data/own/validation.csv: split 'validation' row 2: class 'maybe' is absent from train; the model can't learn it"),
+    ("train-with-one-class", lambda: {**_own_good(), "train": _own_good()["train"].assign(verdict="yes")}, {},
+     "data/own/train.csv: split 'train' has one class only ('yes'); a classifier needs at least two"),
+    ("empty-text", lambda: {**_own_good(), "train": _cell(_own_good()["train"], 4, "answer", "   ")}, {},
+     "data/own/train.csv: split 'train' row 4: empty answer (null, empty or only whitespace)"),
+    ("non-numeric-regression-label", lambda: {"train": _cell(_regression()["train"], 6, "verdict", "high")},
+     {"task_type": "regression"},
+     "data/own/train.csv: split 'train' row 6: label 'high' is not a finite number (regression labels are numbers)"),
+    ("nan-regression-label", lambda: {"train": _cell(_regression()["train"], 2, "verdict", float("nan"))}, {},
+     "data/own/train.csv: split 'train' row 2: label is missing (null); every row needs a number (regression)"),
+    ("mixed-label-types", lambda: {"train": ("train.jsonl", '{"question": "a?", "answer": "b", "verdict": 1}\n'
+                                             '{"question": "c?", "answer": "d", "verdict": 0}\n'),
+                                   "validation": ("dev.jsonl", '{"question": "e?", "answer": "f", "verdict": "yes"}\n')},
+     {}, "data/own/dev.jsonl: split 'validation' row 0: label 'yes' is a string, but split 'train' has integer labels; "
+         "labels must be of one type"),
+    ("unknown-format", lambda: {"train": ("train.xlsx", "not a spreadsheet")}, {},
+     "data/own/train.xlsx: split 'train': unknown format; use one of .csv, .tsv, .json, .jsonl, .parquet"),
+    ("unparsable-json", lambda: {"train": ("train.json", "{not json")}, {},
+     "data/own/train.json: split 'train': cannot read: "),
+    ("positive-label-not-a-label", lambda: _own_good(), {"positive_label": "maybe"},
+     "data/own/train.csv: data.positive_label: 'maybe' is not a label of the data ['no', 'yes']"),
+]
+
+
+@pytest.mark.parametrize("frames,data,message", [case[1:] for case in BAD_OWN_FILES],
+                         ids=[case[0] for case in BAD_OWN_FILES])
+def test_bad_own_file_is_named_in_one_line(tmp_path, monkeypatch, frames, data, message):
+    with pytest.raises(DataError) as err:
+        _own(tmp_path, monkeypatch, frames(), **data)
+    assert "\n" not in str(err.value)
+    assert message in str(err.value)
+    _assert_nothing_written(tmp_path / "data" / "raw")
+
+
+def test_the_good_own_files_load(tmp_path, monkeypatch):
+    assert _own(tmp_path, monkeypatch, _own_good())["splits"]["train"]["rows"] == 30
 
 
 # Checkpoints. tiny_checkpoint: a 2-layer BertModel (no head) saved with the real tokenizer.

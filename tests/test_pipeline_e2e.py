@@ -13,15 +13,27 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import dvc, exp_show, make_project, python, run, tiny_params
+from tests.helpers import (dvc, exp_show, make_project, make_split, own_frame, python, run, tiny_params,
+                           write_hub_folder, write_own_file)
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, hub_layout_dataset, tiny_checkpoint) -> Path:
+def glue_folder(tiny_raw, tmp_path_factory) -> Path:
+    """A GLUE-like folder with two configs: the tiny MRPC and a tiny STS-B (regression, no test split)."""
+    def stsb(n, seed):
+        df = make_split(n, seed).to_pandas()
+        return df.assign(label=[round(float(i % 11) / 2, 1) for i in range(n)]).astype({"label": "float32"})
+
+    return write_hub_folder(tmp_path_factory.mktemp("hub") / "glue", dict(tiny_raw),
+                            more={"stsb": {"train": stsb(40, 0), "validation": stsb(15, 1)}})
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, glue_folder, tiny_checkpoint) -> Path:
     """A git repo holding the project's code with tiny params: the tiny local dataset and checkpoint, 3 steps."""
-    params = tiny_params(data={"dataset": str(hub_layout_dataset), "local_copy": None},
+    params = tiny_params(data={"dataset": str(glue_folder), "local_copy": None},
                          model={"checkpoint": str(tiny_checkpoint)},
                          train={"max_steps": 3, "epochs": 1, "accelerate_config": "configs/accelerate/default.yaml"},
                          evaluate={"splits": ["validation", "test"]})
@@ -86,7 +98,7 @@ def test_plots_show_renders_every_declared_plot(project):
     html = (root / "dvc_plots/index.html").read_text()
     declared = [next(iter(p)) for p in yaml.safe_load((root / "dvc.yaml").read_text())["plots"]]
     assert len(declared) >= 8
-    for plot_id in declared:
+    for plot_id in declared:  # the regression scatter too: MRPC has no data for it, and that breaks nothing
         assert plot_id in html, plot_id
     shutil.rmtree(root / "dvc_plots")
 
@@ -112,6 +124,41 @@ def test_exp_run_shows_in_exp_show(project):
     run(dvc("checkout"), root)
 
 
+def test_exp_run_switches_task_without_a_code_change(project, tmp_path):
+    root = project
+    # A GLUE task by name: STS-B, regression, no test split.
+    out = run(dvc("exp", "run", "-S", "data.config=stsb", "--name", "stsb"), root)
+    assert "Running stage 'download'" in out and "No test split in the data" in out
+    evaluation = json.loads((root / "metrics/eval.json").read_text())
+    assert list(evaluation) == ["validation"] and set(evaluation["validation"]) == {
+        "loss", "pearson", "spearmanr", "examples"}
+    assert "best_validation_pearson" in json.loads((root / "metrics/train.json").read_text())
+    assert (root / "dvclive/evaluate/plots/custom/validation/scatter.json").is_file()
+    assert not (root / "dvclive/evaluate/plots/sklearn").exists()
+    assert "pearson" in exp_show(root)["stsb"]["metrics"]["metrics/eval.json"]["data"]["validation"]
+    run(["git", "checkout", "--", "."], root)
+
+    # The user's own CSV: one text column, three string labels, no validation and no test file.
+    write_own_file(own_frame("single-3", 48, 0), root / "data/own/reviews.csv")
+    run(["git", "add", "data/own/reviews.csv"], root)
+    run(["git", "commit", "-qm", "own data"], root)
+    run(dvc("exp", "run", "--name", "own", "-S", "data.dataset=null", "-S", "data.config=null", "-S",
+            "data.files={train: data/own/reviews.csv}", "-S", "data.text_columns=[text]", "-S",
+            "data.label_column=mood"), root)
+    evaluation = json.loads((root / "metrics/eval.json").read_text())
+    assert list(evaluation) == ["validation"] and set(evaluation["validation"]) == {
+        "loss", "accuracy", "macro_f1", "examples"}
+    provenance = json.loads((root / "metrics/provenance.json").read_text())["dataset"]
+    assert provenance["validation_carved"]["rows"] == 5 and provenance["task"]["label_names"] == [
+        "negative", "neutral", "positive"]
+    predictions = (root / "data/predictions/validation.csv").read_text().splitlines()
+    assert predictions[0] == "idx,text,label,prediction,probability_negative,probability_neutral,probability_positive"
+
+    assert "macro_f1" in exp_show(root)["own"]["metrics"]["metrics/eval.json"]["data"]["validation"]
+    run(["git", "checkout", "--", "."], root)
+    run(dvc("checkout"), root)
+
+
 def test_report_compares_two_commits(project, tmp_path):
     root = project
     params = yaml.safe_load((root / "params.yaml").read_text())
@@ -125,7 +172,7 @@ def test_report_compares_two_commits(project, tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| params.yaml | train.lr | 0.001" in report and "0.0005" in report
     assert "| metrics/eval.json  | validation.loss" in report and "Change" in report
-    for plot_id in ("train_loss_by_step", "validation_confusion_matrix"):
+    for plot_id in ("train_loss_by_step", "validation_confusion_matrix", "f1"):
         image = tmp_path / "plots" / f"{plot_id}.png"
         assert f"](plots/{plot_id}.png)" in report and image.read_bytes()[:4] == b"\x89PNG"
 

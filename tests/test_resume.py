@@ -115,6 +115,6 @@ def test_changed_code_changes_the_run_fingerprint(tmp_path, monkeypatch):
     monkeypatch.setattr(code, "ROOT", project)
     before = code.code_digest("stages.train")
     assert code.code_digest("stages.train") == before
-    metric = project / "finetune" / "mrpc_metric.py"
+    metric = project / "finetune" / "glue_metric.py"
     metric.write_text(metric.read_text() + "\n# changed\n")
     assert code.code_digest("stages.train") != before

@@ -63,13 +63,16 @@ def test_dataset_with_no_source_names_both(hub_down, tmp_path):
 
 
 def test_download_stage_writes_raw_data_and_provenance(hub_layout_dataset, tiny_checkpoint, tmp_path):
-    from finetune.params import DataParams
     from stages.download import download_checkpoint, download_dataset
+    from tests.helpers import tiny_params
 
-    p = DataParams(dataset=str(hub_layout_dataset), config="mrpc", local_copy=None, max_samples=10)
+    p = tiny_params(data={"dataset": str(hub_layout_dataset), "local_copy": None, "max_samples": 10}).data
     record = download_dataset(p, tmp_path / "raw")
     assert record["splits"]["train"]["rows"] == 10
-    assert record["splits"]["validation"]["label_0"] + record["splits"]["validation"]["label_1"] == 10
+    labels = record["splits"]["validation"]["labels"]
+    assert labels["not_equivalent"]["count"] + labels["equivalent"]["count"] == 10
+    assert set(record["files"]) == {"README.md", "mrpc/train-00000-of-00001.parquet",
+                                    "mrpc/validation-00000-of-00001.parquet", "mrpc/test-00000-of-00001.parquet"}
     record = download_checkpoint(str(tiny_checkpoint), tmp_path / "pretrained")
     assert record["model_type"] == "bert" and record["parameters"] > 0
     assert (tmp_path / "pretrained" / "tokenizer_config.json").exists()

@@ -8,8 +8,11 @@ from datasets import load_from_disk
 from safetensors.torch import load_file
 
 from finetune.batches import make_collator, train_dataloader
+from finetune.tasks import glue_task
 from finetune.training import train
 from stages.collate_check import check_split
+
+MRPC = glue_task("mrpc")
 from stages.evaluate import evaluate_model
 from tests.helpers import reset_accelerate, tiny_params
 
@@ -22,9 +25,9 @@ def tokenized(tiny_tokenized):
 def test_length_grouping_cuts_padding_and_keeps_every_row(tokenized, tokenizer):
     ds = tokenized["train"]
     collator = make_collator(tokenizer)
-    random_batches = check_split(train_dataloader(ds, collator, 4, seed=0), tokenizer, "train", labeled=True)
+    random_batches = check_split(train_dataloader(ds, collator, 4, seed=0), tokenizer, "train", MRPC, labeled=True)
     grouped_loader = train_dataloader(ds, collator, 4, seed=0, group_by_length=True)
-    grouped = check_split(grouped_loader, tokenizer, "train", labeled=True)  # same dynamic-padding rules hold
+    grouped = check_split(grouped_loader, tokenizer, "train", MRPC, labeled=True)  # same dynamic-padding rules hold
     assert grouped["padding_fraction"] < random_batches["padding_fraction"]
     first = list(train_dataloader(ds, collator, 4, seed=0, group_by_length=True).sampler)
     assert sorted(first) == list(range(len(ds)))
@@ -42,7 +45,7 @@ def test_length_sorted_evaluation_gives_the_same_predictions_in_row_order(tiny_p
         tables[sort] = pd.read_csv(paths.predictions / "validation.csv")
     assert tables[True]["idx"].tolist() == tables[False]["idx"].tolist() == tiny_raw["validation"]["idx"]
     assert (tables[True]["prediction"] == tables[False]["prediction"]).all()
-    np.testing.assert_allclose(tables[True]["probability"], tables[False]["probability"], atol=1e-4)
+    np.testing.assert_allclose(tables[True]["probability_equivalent"], tables[False]["probability_equivalent"], atol=1e-4)
     assert results[True]["validation"]["accuracy"] == results[False]["validation"]["accuracy"]
 
 

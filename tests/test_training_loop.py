@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 import finetune.training as training
 from finetune.modeling import load_classifier
 from finetune.optim import make_optimizer
+from finetune.tasks import glue_task
 from finetune.training import EarlyStopping, train
 from tests.helpers import make_checkpoint, make_project, reset_accelerate, tiny_params
 
@@ -40,7 +41,7 @@ def test_accumulating_4_batches_of_2_equals_batches_of_8(no_dropout_checkpoint, 
 
 
 def test_no_weight_decay_on_biases_and_layernorm(tiny_checkpoint):
-    model = load_classifier(tiny_checkpoint)
+    model = load_classifier(tiny_checkpoint, glue_task("mrpc"))
     decay, no_decay = make_optimizer(model, tiny_params(train={"weight_decay": 0.1}).train).param_groups
     names = {id(t): n for n, t in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
@@ -88,13 +89,13 @@ def test_training_stops_early_and_keeps_the_best_epoch(tiny_project, monkeypatch
     evaluate_split = training.evaluate_split
     saved = {}
 
-    def scripted(model, dataloader, accelerator, metric):
-        metrics, logits = evaluate_split(model, dataloader, accelerator, metric)
+    def scripted(model, dataloader, accelerator, task, metric, desc):
+        metrics, logits = evaluate_split(model, dataloader, accelerator, task, metric, desc)
         return {**metrics, "f1": next(f1_by_epoch)}, logits
 
-    def remember(accelerator, model, tokenizer, folder):  # the weights of each saved best epoch
+    def remember(accelerator, model, tokenizer, task, folder):  # the weights of each saved best epoch
         saved[len(saved) + 1] = {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
-        return save_model(accelerator, model, tokenizer, folder)
+        return save_model(accelerator, model, tokenizer, task, folder)
 
     save_model = training.save_model
     monkeypatch.setattr(training, "evaluate_split", scripted)

@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 WORKSPACE = "workspace"
 # Plot ids of dvc.yaml shown in the report, in order.
-KEY_PLOTS = ["train_loss_by_step", "validation_accuracy_f1_by_epoch", "validation_confusion_matrix"]
+# Plot ids of dvc.yaml, or a folder plot's prefix (one plot per validation metric of the task). A plot the task does not
+# have (a confusion matrix for regression, a scatter for classification) is left out.
+KEY_PLOTS = ["train_loss_by_step", "dvclive/train/epochs/plots/metrics/validation/", "validation_confusion_matrix",
+             "predicted_against_gold"]
 
 
 class ReportError(PipelineError):
@@ -48,17 +51,19 @@ def dvc(*args: str) -> str:
 
 
 def render_plots(revs: list[str], out_dir: Path, plot_ids: list[str]) -> dict[str, Path]:
-    """Render ``plot_ids`` of ``dvc plots diff <revs>`` to ``out_dir/<id>.png``; return {id: path} of those found."""
+    """Render ``plot_ids`` (ids, or prefixes ending in '/') of ``dvc plots diff <revs>`` to ``out_dir/<name>.png``
+    (the id with '/' as '_'); return {id: path} of those found."""
     specs = json.loads(dvc("plots", "diff", *revs, "--json"))["data"]
     out_dir.mkdir(parents=True, exist_ok=True)
     images = {}
-    for plot_id in plot_ids:
-        if not specs.get(plot_id):
-            log.warning("Plot %s: no data in %s, left out", plot_id, " or ".join(revs))
-            continue
-        path = out_dir / f"{plot_id}.png"
-        path.write_bytes(vl_convert.vegalite_to_png(specs[plot_id][0]["content"], scale=1.5))
-        images[plot_id] = path
+    for key in plot_ids:
+        found = [i for i in specs if specs[i] and (i == key or key.endswith("/") and i.startswith(key))]
+        if not found:
+            log.warning("Plot %s: no data in %s, left out", key, " or ".join(revs))
+        for plot_id in found:
+            path = out_dir / f"{Path(plot_id).stem if key.endswith('/') else plot_id}.png"
+            path.write_bytes(vl_convert.vegalite_to_png(specs[plot_id][0]["content"], scale=1.5))
+            images[plot_id] = path
     return images
 
 
@@ -76,10 +81,11 @@ def write_report(base: str = "main", rev: str = WORKSPACE, out_dir: Path = Path(
     metrics = _rows_or(dvc("metrics", "diff", *revs, "--md", "--precision", "4"), "No metrics changed.")
     images = render_plots(revs, out_dir / "plots", KEY_PLOTS)
 
-    lines = [f"# MRPC fine-tuning: `{rev}` compared with `{base}`", "",
+    lines = [f"# Fine-tuning: `{rev}` compared with `{base}`", "",
              "## Params", "", params, "", "## Metrics", "", metrics, "", "## Plots", ""]
     for plot_id, path in images.items():
-        lines += [f"### {plot_id.replace('_', ' ').capitalize()}", "", f"![{plot_id}]({path.relative_to(out_dir)})", ""]
+        title = f"validation {path.stem} by epoch" if plot_id.endswith(".tsv") else plot_id.replace("_", " ")
+        lines += [f"### {title.capitalize()}", "", f"![{plot_id}]({path.relative_to(out_dir)})", ""]
     rev_option = "" if rev == WORKSPACE else f" --rev {rev}"
     lines += [f"Regenerate: `python -m tools.report --base {base}{rev_option}`", ""]
     report = out_dir / "report.md"

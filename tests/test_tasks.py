@@ -1,0 +1,265 @@
+"""Any task: GLUE's by name and the user's own files, single sentences and pairs, two classes, three and regression;
+the label names reach the model's config, the metric fits the task, and new data is scored with tools.predict."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from datasets import ClassLabel, load_from_disk
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import f1_score, matthews_corrcoef
+from transformers import AutoModelForSequenceClassification, pipeline
+
+from finetune.errors import ParamsError
+from finetune.evaluation import load_metric
+from finetune.tasks import GLUE_TASKS, glue_task, own_task
+from finetune.training import train
+from stages.download import download_dataset
+from stages.evaluate import evaluate_model
+from stages.tokenize import tokenize_splits
+from tests.helpers import make_split, own_frame, reset_accelerate, tiny_params, write_hub_folder, write_own_file
+from tools.predict import predict
+
+
+def own_params(files: dict, text_columns: list, label_column: str, **data):
+    return tiny_params(data={"dataset": None, "config": None, "local_copy": None, "files": files,
+                             "text_columns": text_columns, "label_column": label_column, **data})
+
+
+@pytest.fixture
+def project_root(tmp_path, monkeypatch):
+    """An empty project folder that relative paths of params (data/own/...) resolve against, as under DVC."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    return tmp_path
+
+
+# Own files: each format, each kind of task.
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".json", ".jsonl", ".parquet"])
+def test_own_files_in_each_format_load_with_string_labels(project_root, suffix):
+    files = {}
+    for split, (n, seed) in {"train": (30, 0), "validation": (12, 1), "test": (10, 2)}.items():
+        write_own_file(own_frame("pair-2", n, seed), project_root / f"data/own/{split}{suffix}")
+        files[split] = f"data/own/{split}{suffix}"
+    record = download_dataset(own_params(files, ["question", "answer"], "verdict").data, project_root / "data/raw")
+    raw = load_from_disk(str(project_root / "data/raw"))
+    assert raw["train"].column_names == ["question", "answer", "label", "idx"]
+    assert raw["train"].features["label"] == ClassLabel(names=["no", "yes"])  # sorted distinct labels
+    expected = own_frame("pair-2", 30, 0)["verdict"].map({"no": 0, "yes": 1}).tolist()
+    assert raw["train"]["label"] == expected and raw["train"]["idx"] == list(range(30))
+    assert record["task"]["metric_config"] == "binary" and record["task"]["metrics"] == ("f1", "accuracy")
+    assert set(record["files"]) == set(files.values())  # the sha256 of each file used
+
+
+def test_label_names_from_params_set_the_id_order_and_positive_label(project_root):
+    for split, seed in (("train", 0), ("validation", 1)):
+        write_own_file(own_frame("pair-2", 20, seed), project_root / f"data/own/{split}.csv")
+    files = {"train": "data/own/train.csv", "validation": "data/own/validation.csv"}
+    params = own_params(files, ["question", "answer"], "verdict", label_names=["yes", "no"], positive_label="no")
+    record = download_dataset(params.data, project_root / "data/raw")
+    raw = load_from_disk(str(project_root / "data/raw"))
+    assert raw["train"].features["label"].names == ["yes", "no"]
+    assert raw["train"]["label"] == own_frame("pair-2", 20, 0)["verdict"].map({"yes": 0, "no": 1}).tolist()
+    assert record["task"]["positive_label"] == 1
+
+
+def test_no_validation_split_is_carved_from_train_stratified_and_recorded(project_root):
+    write_own_file(own_frame("single-3", 60, 0), project_root / "data/own/train.jsonl")
+    params = own_params({"train": "data/own/train.jsonl"}, ["text"], "mood", validation_fraction=0.25, split_seed=3)
+    record = download_dataset(params.data, project_root / "data/raw")
+    raw = load_from_disk(str(project_root / "data/raw"))
+    assert list(raw) == ["train", "validation"]  # no test: evaluation covers what exists
+    assert (len(raw["train"]), len(raw["validation"])) == (45, 15)
+    assert record["validation_carved"] == {"from": "train", "fraction": 0.25, "seed": 3, "stratified": True, "rows": 15}
+    assert not set(raw["train"]["idx"]) & set(raw["validation"]["idx"])  # rows of train, each in one split
+    share = lambda ds: np.bincount(ds["label"], minlength=3) / len(ds)  # noqa: E731
+    assert np.abs(share(raw["train"]) - share(raw["validation"])).max() < 0.1
+    again = download_dataset(params.data, project_root / "data/again")  # seeded: the same split again
+    assert load_from_disk(str(project_root / "data/again"))["validation"]["idx"] == raw["validation"]["idx"]
+    assert again["validation_carved"] == record["validation_carved"]
+
+
+def test_float_labels_are_regression_and_a_test_file_without_labels_is_unlabeled(project_root):
+    write_own_file(own_frame("pair-regression", 30, 0), project_root / "data/own/train.parquet")
+    write_own_file(own_frame("pair-regression", 10, 1), project_root / "data/own/dev.parquet")
+    write_own_file(own_frame("pair-regression", 8, 2).drop(columns="score"), project_root / "data/own/new.csv")
+    files = {"train": "data/own/train.parquet", "validation": "data/own/dev.parquet", "test": "data/own/new.csv"}
+    record = download_dataset(own_params(files, ["sentence1", "sentence2"], "score").data, project_root / "data/raw")
+    raw = load_from_disk(str(project_root / "data/raw"))
+    assert raw["train"].features["label"].dtype == "float32" and "label" not in raw["test"].column_names
+    assert record["task"]["label_names"] is None and record["task"]["metric_config"] == "regression"
+    assert record["splits"]["test"] == {"rows": 8, "labeled": False}
+
+
+def test_integer_labels_declared_regression_are_scores(project_root):
+    df = own_frame("pair-regression", 20, 0).assign(score=lambda d: d["score"].round().astype(int))
+    write_own_file(df, project_root / "data/own/train.csv")
+    params = own_params({"train": "data/own/train.csv"}, ["sentence1", "sentence2"], "score", task_type="regression")
+    download_dataset(params.data, project_root / "data/raw")
+    assert load_from_disk(str(project_root / "data/raw"))["train"].features["label"].dtype == "float32"
+
+
+# GLUE tasks by name: columns, labels, metric; MNLI's splits.
+
+def test_glue_tasks_know_their_columns_labels_and_metric():
+    assert glue_task("cola").text_columns == ("sentence",) and glue_task("cola").metrics == ("matthews_correlation",)
+    assert glue_task("stsb").is_regression and glue_task("stsb").num_labels == 1
+    assert glue_task("mnli").label_names == ("entailment", "neutral", "contradiction")
+    assert glue_task("qqp").text_columns == ("question1", "question2")
+    assert glue_task("rte").id2label == {0: "entailment", 1: "not_entailment"}
+    assert set(GLUE_TASKS) == {"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"}
+
+
+def test_mnli_matched_splits_become_validation_and_test(tmp_path):
+    def mnli(n, seed, labeled=True):
+        df = make_split(n, seed, labeled).to_pandas().rename(columns={"sentence1": "premise", "sentence2": "hypothesis"})
+        return df.assign(label=[i % 3 for i in range(n)] if labeled else -1)
+
+    folder = write_hub_folder(tmp_path / "glue", {"train": mnli(30, 0), "validation_matched": mnli(9, 1),
+                                                  "validation_mismatched": mnli(8, 2), "test_matched": mnli(7, 3, False),
+                                                  "test_mismatched": mnli(6, 4, False)}, config="mnli")
+    params = tiny_params(data={"dataset": str(folder), "config": "mnli", "local_copy": None})
+    record = download_dataset(params.data, tmp_path / "raw")
+    assert {s: v["rows"] for s, v in record["splits"].items()} == {
+        "train": 30, "validation": 9, "test": 7, "validation_mismatched": 8, "test_mismatched": 6}
+    assert record["task"]["label_names"] == ("entailment", "neutral", "contradiction")
+    assert record["splits"]["test"] == {"rows": 7, "labeled": False}
+
+
+# Metrics: GLUE's per task and own data's, against scikit-learn and SciPy.
+
+def test_each_metric_config_matches_the_reference_implementation():
+    rng = np.random.default_rng(0)
+    refs, preds = rng.integers(0, 3, 200), rng.integers(0, 3, 200)
+    binary_refs, binary_preds = refs % 2, preds % 2
+    scores_ref, scores = rng.uniform(0, 5, 200), rng.uniform(0, 5, 200)
+    cola = load_metric(glue_task("cola")).compute(predictions=binary_preds, references=binary_refs)
+    assert cola == {"matthews_correlation": pytest.approx(matthews_corrcoef(binary_refs, binary_preds))}
+    stsb = load_metric(glue_task("stsb")).compute(predictions=scores, references=scores_ref)
+    assert stsb["pearson"] == pytest.approx(pearsonr(scores_ref, scores)[0], abs=1e-5)
+    assert stsb["spearmanr"] == pytest.approx(spearmanr(scores_ref, scores)[0], abs=1e-5)
+    assert set(load_metric(glue_task("rte")).compute(predictions=binary_preds, references=binary_refs)) == {"accuracy"}
+    multi = load_metric(own_task(("text",), ("a", "b", "c"))).compute(predictions=preds, references=refs)
+    assert multi["macro_f1"] == pytest.approx(f1_score(refs, preds, average="macro"))
+    binary = load_metric(own_task(("t",), ("no", "yes"), "no")).compute(predictions=binary_preds,
+                                                                       references=binary_refs, pos_label=0)
+    assert binary["f1"] == pytest.approx(f1_score(binary_refs, binary_preds, pos_label=0))
+    regression = load_metric(own_task(("t",), None)).compute(predictions=scores, references=scores_ref)
+    assert regression["mse"] == pytest.approx(float(np.mean((scores - scores_ref) ** 2)), rel=1e-5)
+    for task in [glue_task(name) for name in GLUE_TASKS] + [own_task(("t",), ("a", "b")),
+                                                             own_task(("t",), ("a", "b", "c")), own_task(("t",), None)]:
+        regression_task = task.is_regression
+        result = load_metric(task).compute(predictions=scores if regression_task else binary_preds,
+                                           references=scores_ref if regression_task else binary_refs)
+        assert tuple(sorted(result)) == tuple(sorted(task.metrics)), task.name  # what Task declares, no more
+
+
+def test_metric_for_best_must_be_a_metric_of_the_task():
+    assert glue_task("mrpc").metric_for_best(None) == ("f1", "max")
+    assert glue_task("stsb").metric_for_best(None) == ("pearson", "max")
+    assert own_task(("t",), None).metric_for_best("mse") == ("mse", "min")
+    with pytest.raises(ValueError, match=r"train.metric_for_best: 'f1' is not a metric of task 'rte'; choose one of "
+                                         r"\['loss', 'accuracy'\] or null"):
+        glue_task("rte").metric_for_best("f1")
+
+
+# Train, evaluate, predict on own data of each kind.
+
+@pytest.mark.parametrize("kind,text_columns,label_column,metrics", [
+    ("single-3", ["text"], "mood", {"loss", "macro_f1", "accuracy"}),
+    ("pair-regression", ["sentence1", "sentence2"], "score", {"loss", "pearson", "spearmanr", "mse"}),
+])
+def test_own_data_trains_evaluates_and_predicts_with_label_names(project_root, tiny_checkpoint, kind, text_columns,
+                                                                 label_column, metrics):
+    import shutil
+
+    from finetune.params import Paths
+
+    for split, (n, seed) in {"train": (32, 0), "validation": (12, 1), "test": (10, 2)}.items():
+        write_own_file(own_frame(kind, n, seed), project_root / f"data/own/{split}.csv")
+    files = {s: f"data/own/{s}.csv" for s in ("train", "validation", "test")}
+    params = own_params(files, text_columns, label_column, max_samples=None)
+    paths = Paths(project_root)
+    download_dataset(params.data, paths.raw)
+    shutil.copytree(tiny_checkpoint, paths.pretrained)
+    tokenize_splits(params, paths)
+    train(params, paths)
+    reset_accelerate()
+    results = evaluate_model(params, paths)
+    reset_accelerate()
+    assert set(results["validation"]) == metrics | {"examples"} and set(results) == {"validation", "test"}
+
+    model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
+    table = pd.read_csv(paths.predictions / "test.csv")
+    assert list(table.columns[:len(text_columns) + 1]) == ["idx", *text_columns]
+    if kind == "single-3":
+        assert model.config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
+        assert [c for c in table.columns if c.startswith("probability_")] == [
+            "probability_negative", "probability_neutral", "probability_positive"]
+        assert set(table["label"]) <= {"negative", "neutral", "positive"}
+        [result] = pipeline("text-classification", model=str(paths.finetuned))(["The team was brilliant today."])
+        assert result["label"] in {"negative", "neutral", "positive"}  # the real names, not LABEL_0
+        cells = json.loads((paths.eval_logs / "plots/sklearn/validation/confusion_matrix.json").read_text())
+        assert {c["actual"] for c in cells} <= {"negative", "neutral", "positive"}
+        assert not (paths.eval_logs / "plots/sklearn/validation/roc.json").exists()  # ROC: two classes only
+    else:
+        assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+        assert table["label"].dtype == float and table["prediction"].dtype == float
+        points = json.loads((paths.eval_logs / "plots/custom/validation/scatter.json").read_text())
+        assert len(points["data"] if isinstance(points, dict) else points) == 12
+        assert not (paths.eval_logs / "plots/sklearn").exists()
+
+    # Predict: new rows in any order of lengths come back in their order, with names and probabilities.
+    new = own_frame(kind, 9, 5).drop(columns=label_column).assign(note=range(9))
+    scored = predict(write_own_file(new, project_root / "new.jsonl"), paths.finetuned, batch_size=4)
+    assert scored["note"].tolist() == list(range(9)) and scored[text_columns[0]].tolist() == new[text_columns[0]].tolist()
+    if kind == "single-3":
+        probabilities = scored[[f"probability_{n}" for n in ("negative", "neutral", "positive")]].to_numpy()
+        assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-4)
+        assert (scored["prediction"] == np.array(["negative", "neutral", "positive"])[probabilities.argmax(1)]).all()
+
+
+def test_metric_for_best_of_another_task_stops_train_with_the_choices(tiny_project):
+    params = tiny_params(train={"metric_for_best": "pearson"})
+    with pytest.raises(ParamsError, match=r"params.yaml: train.metric_for_best: 'pearson' is not a metric of task "
+                                          r"'mrpc'; choose one of \['loss', 'f1', 'accuracy'\]"):
+        train(params, tiny_project(params=params))
+
+
+def test_predict_names_a_missing_column(finetuned_mrpc, tmp_path):
+    from finetune.errors import DataError
+
+    file = write_own_file(pd.DataFrame({"sentence1": ["A man sings."], "sentense2": ["A man is singing."]}),
+                          tmp_path / "new.csv")
+    with pytest.raises(DataError, match=r"new.csv: lacks column\(s\) \['sentence2'\] that the model reads; has "
+                                        r"\['sentence1', 'sentense2'\]"):
+        predict(file, finetuned_mrpc)
+
+
+@pytest.fixture(scope="module")
+def finetuned_mrpc(tiny_raw, tiny_checkpoint, tmp_path_factory):
+    from tests.helpers import make_project
+
+    params = tiny_params(train={"max_steps": 2})
+    paths = make_project(tmp_path_factory.mktemp("mrpc"), params, tiny_raw, tiny_checkpoint)
+    train(params, paths)
+    reset_accelerate()
+    return paths.finetuned
+
+
+def test_predict_command_writes_the_csv(finetuned_mrpc, tmp_path):
+    from tests.helpers import python, run
+
+    rows = pd.DataFrame({"sentence1": ["The court rejected the appeal.", "Police arrested two men."],
+                         "sentence2": ["The appeal was rejected.", "The team won the final."]})
+    file = write_own_file(rows, tmp_path / "pairs.tsv")
+    out = run(python("-m", "tools.predict", str(file), "--model", str(finetuned_mrpc), "--out",
+                     str(tmp_path / "scored.csv")), tmp_path)
+    scored = pd.read_csv(tmp_path / "scored.csv")
+    assert list(scored.columns) == ["sentence1", "sentence2", "prediction", "probability_not_equivalent",
+                                    "probability_equivalent"]
+    assert "Wrote 2 predictions" in out
+    failed = run(python("-m", "tools.predict", str(tmp_path / "missing.csv"), "--model", str(finetuned_mrpc)), tmp_path,
+                 ok=False)
+    assert "missing.csv: split 'input': file not found" in failed and "Traceback" not in failed
