@@ -249,7 +249,7 @@ def _label_kind(value) -> str:
 
 
 def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str]) -> str:
-    """The one kind (string, integer, float, bool) of every label of every split; ``integer`` for whole floats.
+    """The one kind (string, integer, float, bool) of every label of every split (``integer`` when there are none).
 
     Raises:
         DataError: two kinds of label, within a split or across splits; naming the first row of the second kind.

@@ -4,7 +4,7 @@ plots grid lays out every plot."""
 import pandas as pd
 import pytest
 
-from tools.summarize import markdown, summarize
+from tools.summarize import markdown, metric_columns, summarize
 
 
 def test_seeds_of_one_configuration_are_summarised_together():
@@ -23,7 +23,7 @@ def test_seeds_of_one_configuration_are_summarised_together():
     assert other["seeds"] == [42, 1, 2] and other["experiments"] == ["a-42", "a-1", "a-2"]
     assert other["validation.accuracy"]["mean"] == pytest.approx(0.82)
     assert other["validation.accuracy"]["std"] == pytest.approx(0.02)  # sample std (n - 1)
-    table = markdown(configurations, varying)
+    table = markdown(configurations, varying, metric_columns(df))
     assert "| 0.0001 | 3 | 42,1,2 | 0.8200 ± 0.0200 | 0.8700 ± 0.0100 | 2.7 ± 0.6 |" in table
 
 
@@ -34,3 +34,14 @@ def test_the_plots_grid_places_every_plot():
     svg = grid_svg([plot.format(w=100, h=50), plot.format(w=80, h=60), plot.format(w=120, h=40)], columns=2, gap=10)
     assert 'width="210.0" height="110.0"' in svg  # columns 120 + 80 wide, rows 60 + 40 high, gaps of 10
     assert svg.count("<g transform") == 3 and 'translate(130.0,0.0)' in svg and 'translate(0.0,70.0)' in svg
+
+
+def test_seeds_of_another_task_are_summarised_by_its_own_metrics():
+    df = pd.DataFrame({"train.lr": [1e-4, 1e-4, 3e-5], "train.seed": [42, 1, 42],
+                       "validation.loss": [0.6, 0.7, 0.5], "validation.pearson": [0.80, 0.84, 0.86],
+                       "validation.spearmanr": [0.79, 0.83, 0.85], "validation.examples": [1500] * 3},
+                      index=pd.Index(["a-42", "a-1", "b-42"], name="Experiment"))
+    assert metric_columns(df) == ["validation.pearson", "validation.spearmanr", "best_epoch", "epochs",
+                                  "train_seconds", "wall_seconds"]
+    best, other = summarize(df)[0]  # best mean validation Pearson first: STS-B has no F1
+    assert best["params"] == {"train.lr": 3e-5} and other["validation.pearson"]["mean"] == pytest.approx(0.82)

@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 
 # Params that never change a validation result, left out of the configuration (the seed is what varies within one).
 IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads", "evaluate.splits"}
-METRICS = ["validation.accuracy", "validation.f1", "best_epoch", "epochs", "train_seconds", "wall_seconds"]
-TEST_METRICS = ["test.accuracy", "test.f1"]  # only with --with-test: a sweep selects on validation
+RUN_METRICS = ["best_epoch", "epochs", "train_seconds", "wall_seconds"]
 PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.")
 
 
@@ -49,14 +48,26 @@ def load_experiments(patterns: list[str], num: int = 50) -> pd.DataFrame:
     return df
 
 
-def summarize(df: pd.DataFrame, metrics: list[str] = METRICS) -> tuple[list[dict], list[str]]:
-    """Group experiments by their params except the seed; mean, std (sample, n-1) and values of each metric.
+def metric_columns(df: pd.DataFrame, with_test: bool = False) -> list[str]:
+    """The task's metrics of the experiments (``validation.<metric>``, e.g. accuracy and F1 for MRPC, Pearson for
+    STS-B; with ``with_test`` also ``test.<metric>``), then the run's cost and length (``RUN_METRICS``)."""
+    splits = ("validation", "test") if with_test else ("validation",)
+    found = [c for split in splits for c in df.columns
+             if c.startswith(f"{split}.") and c.split(".", 1)[1] not in ("loss", "examples")]
+    return found + RUN_METRICS
+
+
+def summarize(df: pd.DataFrame, metrics: list[str] | None = None) -> tuple[list[dict], list[str]]:
+    """Group experiments by their params except the seed; mean, std (sample, n-1) and values of each metric
+    (default: ``metric_columns``).
 
     Returns:
-        ``(configurations, varying)``: one dict per configuration, best mean validation F1 first, with
+        ``(configurations, varying)``: one dict per configuration, best first by mean validation F1 (or the task's
+        first validation metric when it has no F1), with
         ``params`` (the params that vary across ``df``), ``experiments``, ``seeds``, ``n`` and per metric
         ``{"mean", "std", "values"}``; and the names of the varying params.
     """
+    metrics = metrics or metric_columns(df)
     params = [c for c in df.columns if c.startswith(PARAM_PREFIXES) and c not in IGNORED_PARAMS]
     as_text = df[params].astype(str)
     varying = [c for c in params if as_text[c].nunique() > 1]
@@ -73,11 +84,13 @@ def summarize(df: pd.DataFrame, metrics: list[str] = METRICS) -> tuple[list[dict
                              "std": round(float(values.std(ddof=1)), 4) if len(values) > 1 else None,
                              "values": [_plain(v) for v in values]}
         configurations.append(entry)
-    configurations.sort(key=lambda c: -c.get("validation.f1", {}).get("mean", -math.inf))
+    key = "validation.f1" if "validation.f1" in metrics else next((m for m in metrics if m.startswith("validation.")),
+                                                                   None)
+    configurations.sort(key=lambda c: -c.get(key, {}).get("mean", -math.inf))
     return configurations, varying
 
 
-def markdown(configurations: list[dict], varying: list[str], metrics: list[str] = METRICS) -> str:
+def markdown(configurations: list[dict], varying: list[str], metrics: list[str]) -> str:
     """A Markdown table: the varying params, n, seeds and ``mean ± std`` of each metric, best first."""
     metrics = [m for m in metrics if any(m in c for c in configurations)]
     rows = []
@@ -85,7 +98,7 @@ def markdown(configurations: list[dict], varying: list[str], metrics: list[str] 
         cells = [str(c["params"][p]) for p in varying] + [str(c["n"]), ",".join(map(str, c["seeds"]))]
         for m in metrics:
             s = c.get(m)
-            digits = 4 if m.endswith(("accuracy", "f1")) else 1
+            digits = 4 if m.startswith(("validation.", "test.")) else 1
             cells.append("" if s is None else f"{s['mean']:.{digits}f}" +
                          (f" ± {s['std']:.{digits}f}" if s["std"] is not None else ""))
         rows.append(cells)
@@ -110,8 +123,8 @@ def main() -> None:
                         help="also summarise test metrics (only for the chosen configuration: select on validation)")
     args = parser.parse_args()
 
-    metrics = METRICS[:2] + TEST_METRICS + METRICS[2:] if args.with_test else METRICS
     df = load_experiments(args.match, args.num)
+    metrics = metric_columns(df, args.with_test)
     configurations, varying = summarize(df, metrics)
     table = markdown(configurations, varying, metrics)
     print(table)
