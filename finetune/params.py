@@ -203,7 +203,8 @@ def validate_params(raw: Any, source: str) -> Params:
         for e in err.errors():
             key = ".".join(str(part) for part in e["loc"]) or "<top level>"
             got = "" if e["type"] in ("missing", "value_error") else f" (got {e['input']!r})"
-            lines.append(f"{source}: {key}: {e['msg']}{got}")
+            message = e["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+            lines.append(f"{source}: {key}: {message}{got}")
         raise ParamsError("\n".join(lines)) from None
 
 

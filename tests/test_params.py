@@ -75,19 +75,19 @@ BAD = [
     ({"train.max_grad_norm": 0}, "train.max_grad_norm: Input should be greater than 0"),
     ({"train.max_grad_norm": -1.0}, "train.max_grad_norm: Input should be greater than 0"),
     ({"train.metric_for_best": ""}, "train.metric_for_best: String should have at least 1 character"),
-    ({"data.config": "mrcp"}, "data: Value error, config: 'mrcp' is not a GLUE task; GLUE's are cola, sst2, mrpc, "
+    ({"data.config": "mrcp"}, "data: config: 'mrcp' is not a GLUE task; GLUE's are cola, sst2, mrpc, "
                               "qqp, stsb, mnli, qnli, rte, wnli"),
-    ({"data.text_columns": ["s1"]}, "data: Value error, GLUE task 'mrpc' defines its columns, labels and metric; set "
+    ({"data.text_columns": ["s1"]}, "data: GLUE task 'mrpc' defines its columns, labels and metric; set "
                                     "text_columns to null"),
     ({"data.files": {"train": "data/own/train.csv"}},
-     "data: Value error, files and dataset/config are both set: own files need dataset: null and config: null"),
+     "data: files and dataset/config are both set: own files need dataset: null and config: null"),
     ({"data.files": {"train": "elsewhere/train.csv"}, "data.dataset": None, "data.config": None,
       "data.text_columns": ["text"]},
-     "data: Value error, files.train: 'elsewhere/train.csv' is not under data/own/; put your files there"),
+     "data: files.train: 'elsewhere/train.csv' is not under data/own/; put your files there"),
     ({"data.files": {"validation": "data/own/v.csv"}, "data.dataset": None, "data.config": None},
-     "data: Value error, files: no train file (got splits ['validation'])"),
+     "data: files: no train file (got splits ['validation'])"),
     ({"data.files": {"train": "data/own/t.csv"}, "data.dataset": None, "data.config": None},
-     "data: Value error, text_columns: own files need the text column(s)"),
+     "data: text_columns: own files need the text column(s)"),
     ({"data.text_columns": ["a", "b", "c"]}, "data.text_columns: List should have at most 2 items"),
     ({"data.validation_fraction": 1.5}, "data.validation_fraction: Input should be less than 1"),
     ({"train.keep_best": "true"}, "train.keep_best: Input should be a valid boolean"),
@@ -112,11 +112,11 @@ BAD = [
     ({"surprise": {}}, "surprise: Extra inputs are not permitted"),
     # Rules across keys (TrainParams' model_validator): pydantic names the section, not a key.
     ({"train.epochs": None, "train.max_steps": None},
-     "train: Value error, epochs and max_steps are both null: set epochs (a positive int) or max_steps"),
+     "train: epochs and max_steps are both null: set epochs (a positive int) or max_steps"),
     ({"train.warmup_steps": 10, "train.warmup_ratio": 0.1},
-     "train: Value error, warmup_steps (10) and warmup_ratio (0.1) are both set: set one, the other to 0"),
+     "train: warmup_steps (10) and warmup_ratio (0.1) are both set: set one, the other to 0"),
     ({"train.accelerate_config": "configs/accelerate/nowhere.yaml"},
-     "train: Value error, accelerate_config: file 'configs/accelerate/nowhere.yaml' not found"),
+     "train: accelerate_config: file 'configs/accelerate/nowhere.yaml' not found"),
 ]
 
 
