@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import evaluate
+import numpy as np
+import pandas as pd
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
@@ -30,6 +32,18 @@ def predictions_of(logits: torch.Tensor, task: Task) -> torch.Tensor:
     """Predicted class ids ``[examples]`` (argmax of ``logits [examples, num_labels]``), or the predicted score
     ``[examples]`` for regression (``logits [examples, 1]``)."""
     return logits[:, 0] if task.is_regression else logits.argmax(dim=-1)
+
+
+def with_predictions(table: pd.DataFrame, logits: torch.Tensor, task: Task) -> pd.DataFrame:
+    """``table`` (one row per example, in the order of ``logits [examples, num_labels]``) with ``prediction`` (the
+    class name, or the score for regression, 5 decimals) and for classification ``probability_<name>`` per class
+    (softmax, 5 decimals)."""
+    predicted = predictions_of(logits, task).numpy()
+    if task.is_regression:
+        return table.assign(prediction=predicted.round(5))
+    probabilities = logits.softmax(dim=-1).numpy().round(5)
+    return table.assign(prediction=np.array(task.label_names)[predicted],
+                        **{f"probability_{name}": probabilities[:, i] for i, name in enumerate(task.label_names)})
 
 
 def loss_of(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:

@@ -20,7 +20,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from finetune.batches import evaluation_batches, make_collator
 from finetune.data import is_labeled, present_splits
-from finetune.evaluation import evaluate_split, load_metric, predictions_of
+from finetune.evaluation import evaluate_split, load_metric, with_predictions
 from finetune.live import log_plots, open_live
 from finetune.params import Params, Paths, load_params
 from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
@@ -32,23 +32,13 @@ log = logging.getLogger(__name__)
 
 def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task) -> pd.DataFrame:
     """One row per example of ``raw`` (a prepared split) in its order: ``idx``, the text columns, ``label`` (the
-    gold class name or score; absent when unlabeled), ``prediction`` (class name or score) and for classification
-    ``probability_<name>`` per class (softmax of ``logits [examples, num_labels]``, 5 decimals)."""
+    gold class name or score; absent when unlabeled), then ``prediction`` and the probabilities
+    (``finetune.evaluation.with_predictions`` of ``logits [examples, num_labels]``)."""
     table = raw.select_columns(["idx", *task.text_columns]).to_pandas()
-    predicted = predictions_of(logits, task).numpy()
-    if task.is_regression:
-        if "label" in raw.column_names:
-            table["label"] = np.asarray(raw["label"])
-        table["prediction"] = predicted.round(5)
-        return table
-    names = np.array(task.label_names)
     if "label" in raw.column_names:
-        table["label"] = names[np.asarray(raw["label"])]
-    table["prediction"] = names[predicted]
-    probabilities = logits.softmax(dim=-1).numpy().round(5)
-    for i, name in enumerate(task.label_names):
-        table[f"probability_{name}"] = probabilities[:, i]
-    return table
+        labels = np.asarray(raw["label"])
+        table["label"] = labels if task.is_regression else np.array(task.label_names)[labels]
+    return with_predictions(table, logits, task)
 
 
 def evaluate_model(params: Params, paths: Paths) -> dict:

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from finetune.batches import evaluation_batches, make_collator
 from finetune.data import load_files, tokenize
 from finetune.errors import DataError, PipelineError
-from finetune.evaluation import evaluate_split, predictions_of
+from finetune.evaluation import evaluate_split, with_predictions
 from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, set_cpu_threads, setup_logging
 from finetune.sources import check_checkpoint
@@ -65,16 +64,7 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     loader, order = evaluation_batches(tokenized["input"], make_collator(tokenizer),
                                        EvaluateParams(batch_size=batch_size, sort_by_length=True, splits=["test"]))
     _, logits = evaluate_split(model, accelerator.prepare(loader), accelerator, task, None, desc="predict")
-    logits = logits[np.argsort(order)]
-    predicted = predictions_of(logits, task).numpy()
-    if task.is_regression:
-        rows["prediction"] = predicted.round(5)
-        return rows
-    rows["prediction"] = np.array(task.label_names)[predicted]
-    probabilities = torch.softmax(logits, dim=-1).numpy().round(5)
-    for i, name in enumerate(task.label_names):
-        rows[f"probability_{name}"] = probabilities[:, i]
-    return rows
+    return with_predictions(rows, logits[np.argsort(order)], task)
 
 
 def main(argv: list[str] | None = None) -> None:
