@@ -167,6 +167,7 @@ def test_metric_for_best_must_be_a_metric_of_the_task():
 # Train, evaluate, predict on own data of each kind.
 
 @pytest.mark.parametrize("kind,text_columns,label_column,metrics", [
+    ("pair-2", ["question", "answer"], "verdict", {"loss", "f1", "accuracy"}),  # the README's own-data example
     ("single-3", ["text"], "mood", {"loss", "macro_f1", "accuracy"}),
     ("pair-regression", ["sentence1", "sentence2"], "score", {"loss", "pearson", "spearmanr", "mse"}),
 ])
@@ -193,7 +194,14 @@ def test_own_data_trains_evaluates_and_predicts_with_label_names(project_root, t
     model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
     table = pd.read_csv(paths.predictions / "test.csv")
     assert list(table.columns[:len(text_columns) + 1]) == ["idx", *text_columns]
-    if kind == "single-3":
+    if kind == "pair-2":
+        assert model.config.id2label == {0: "no", 1: "yes"} and set(table["prediction"]) <= {"no", "yes"}
+        [result] = pipeline("text-classification", model=str(paths.finetuned))(
+            [{"text": "Who won the final?", "text_pair": "The team won the final."}])
+        assert result["label"] in {"no", "yes"}
+        for plot in ("confusion_matrix", "precision_recall", "roc"):  # two classes: PR and ROC of 'yes'
+            assert (paths.eval_logs / f"plots/sklearn/validation/{plot}.json").is_file()
+    elif kind == "single-3":
         assert model.config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
         assert [c for c in table.columns if c.startswith("probability_")] == [
             "probability_negative", "probability_neutral", "probability_positive"]
