@@ -149,28 +149,17 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
     Raises:
         DataError: naming the folder or file, the split, the row (``idx=``, or its 0-based number) and the rule.
     """
-    if p.glue_task:
+    if p.glue_task:  # MNLI's matched splits are its validation and test
         raw = DatasetDict({GLUE_TASKS[p.glue_task].splits.get(s, s): ds for s, ds in raw.items()})
         where = {GLUE_TASKS[p.glue_task].splits.get(s, s): w for s, w in where.items()}
     raw = DatasetDict({s: raw[s] for s in SPLITS if s in raw})
-    anywhere = next(iter(where.values()), "data")
     if "train" not in raw:
-        raise DataError(f"{anywhere}: no train split; found {list(raw)}")
+        raise DataError(f"{next(iter(where.values()), 'data')}: no train split; found {list(raw)}")
     text_columns = GLUE_TASKS[p.glue_task].text_columns if p.glue_task else tuple(p.text_columns)
     label_column = "label" if p.glue_task else p.label_column
-    frames = {}
-    for split, ds in raw.items():
-        missing = [c for c in text_columns if c not in ds.column_names]
-        if split in ("train", "validation") and label_column not in ds.column_names:
-            missing.append(label_column)
-        if missing:
-            raise DataError(f"{where[split]}: split {split!r} lacks column(s) {missing}; has {ds.column_names}")
-        if len(ds) == 0:
-            raise DataError(f"{where[split]}: split {split!r} is empty")
-        frames[split] = _frame(ds, text_columns, label_column)
-        _check_text(frames[split], text_columns, where[split], split)
-        _check_idx(frames[split], where[split], split)
+    frames = {split: _checked_frame(ds, split, where[split], text_columns, label_column) for split, ds in raw.items()}
 
+    # labels: names (or regression), then ids, train first: the other splits may only hold its classes
     regression = GLUE_TASKS[p.glue_task].label_names is None if p.glue_task else _is_regression(raw["train"], p)
     names, ids = (None, False) if regression else _label_names(raw["train"], frames, p, where)
     labels = {"train": _encode_labels(frames["train"], "train", where["train"], names, ids)}
@@ -185,15 +174,34 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
         raise DataError(f"{where['train']}: {err}") from None
 
     label_feature = Value("float32") if regression else ClassLabel(names=list(names))
-    prepared = {}
-    for split, df in frames.items():
-        columns = {c: df[c].astype(str).tolist() for c in text_columns}
-        features = {c: Value("string") for c in text_columns}
-        if labels[split] is not None:
-            columns["label"], features["label"] = labels[split].tolist(), label_feature
-        columns["idx"], features["idx"] = df["idx"].astype("int64").tolist(), Value("int64")
-        prepared[split] = Dataset.from_dict(columns, features=Features(features))
-    return DatasetDict(prepared), task
+    return DatasetDict({split: _prepared(df, labels[split], text_columns, label_feature)
+                        for split, df in frames.items()}), task
+
+
+def _checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, ...],
+                   label_column: str) -> pd.DataFrame:
+    """The split as a DataFrame (``_frame``) once its columns, rows, texts and idx obey the rules."""
+    missing = [c for c in text_columns if c not in ds.column_names]
+    if split in ("train", "validation") and label_column not in ds.column_names:
+        missing.append(label_column)
+    if missing:
+        raise DataError(f"{where}: split {split!r} lacks column(s) {missing}; has {ds.column_names}")
+    if len(ds) == 0:
+        raise DataError(f"{where}: split {split!r} is empty")
+    df = _frame(ds, text_columns, label_column)
+    _check_text(df, text_columns, where, split)
+    _check_idx(df, where, split)
+    return df
+
+
+def _prepared(df: pd.DataFrame, labels: np.ndarray | None, text_columns: tuple[str, ...], label_feature) -> Dataset:
+    """The split in the pipeline's shape: text columns, ``label`` (unless unlabeled) and ``idx``."""
+    columns = {c: df[c].astype(str).tolist() for c in text_columns}
+    features = {c: Value("string") for c in text_columns}
+    if labels is not None:
+        columns["label"], features["label"] = labels.tolist(), label_feature
+    columns["idx"], features["idx"] = df["idx"].astype("int64").tolist(), Value("int64")
+    return Dataset.from_dict(columns, features=Features(features))
 
 
 def _frame(ds: Dataset, text_columns: tuple[str, ...], label_column: str) -> pd.DataFrame:
