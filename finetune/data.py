@@ -238,7 +238,8 @@ def _check_idx(df: pd.DataFrame, where: str, split: str) -> None:
         rows = np.flatnonzero((df["idx"] == first).to_numpy()).tolist()
         others = df["idx"][repeated].nunique() - 1
         more = f" (and {others} more repeated idx values)" if others else ""
-        raise DataError(f"{where}: split {split!r}: idx={first} is repeated in rows {rows}{more}; each idx must be unique")
+        raise DataError(f"{where}: split {split!r}: idx={first} is repeated in rows {rows}{more}; "
+                        "each idx must be unique")
 
 
 def _missing(labels: pd.Series) -> np.ndarray:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from ruamel.yaml import YAML, YAMLError
 
 from finetune.errors import ParamsError
+from finetune.tasks import GLUE_DATASETS, GLUE_TASKS
 
 PARAMS_FILE = Path("params.yaml")
 
@@ -54,14 +55,10 @@ class DataParams(_Section):
     @property
     def glue_task(self) -> str | None:
         """The GLUE task these params load, or None for other data (own files, other datasets and configs)."""
-        from finetune.tasks import GLUE_TASKS
-
         return self.config if self.files is None and self.config in GLUE_TASKS else None
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataParams":
-        from finetune.tasks import GLUE_DATASETS, GLUE_TASKS
-
         if self.files is not None:
             if self.dataset is not None or self.config is not None:
                 raise ValueError("files and dataset/config are both set: own files need dataset: null and config: null")
@@ -73,7 +70,8 @@ class DataParams(_Section):
                     raise ValueError(f"files.{split}: {file!r} is not under {OWN_DATA}/; put your files there (a "
                                      "dependency of the download stage in dvc.yaml, so DVC reruns it when they change)")
             if self.text_columns is None:
-                raise ValueError("text_columns: own files need the text column(s), e.g. [text] or [sentence1, sentence2]")
+                raise ValueError("text_columns: own files need the text column(s), e.g. [text] or "
+                                 "[sentence1, sentence2]")
             return self
         if self.dataset is None or self.config is None:
             raise ValueError("dataset and config: set both (a Hub dataset or folder), or files for your own data")
@@ -108,7 +106,7 @@ class TrainParams(_Section):
     scheduler: SCHEDULERS
     warmup_steps: NonNegativeInt  # warmup in optimizer steps ...
     warmup_ratio: float = Field(ge=0, lt=1)  # ... or as a fraction of all optimizer steps (not both)
-    metric_for_best: str | None = Field(min_length=1)  # validation metric that picks the kept epoch (null: the task's main)
+    metric_for_best: str | None = Field(min_length=1)  # picks the kept epoch: loss or a task metric (null: its main)
     keep_best: StrictBool  # save the best epoch's weights (true) or the last epoch's (false)
     early_stopping_patience: PositiveInt | None  # epochs without improvement before stopping (null: never)
     early_stopping_threshold: float = Field(ge=0)  # smallest change of metric_for_best that counts as improvement
@@ -231,10 +229,6 @@ class Paths:
     @property
     def tokenized(self) -> Path:  # tokenize: DatasetDict.save_to_disk
         return self.root / "data" / "tokenized"
-
-    @property
-    def own_data(self) -> Path:  # the user's own files (data.files), a dependency of download
-        return self.root / OWN_DATA
 
     @property
     def predictions(self) -> Path:  # evaluate: <split>.csv

@@ -43,9 +43,9 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
     """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
 
     Covers the train params (except ``resume``, ``log_every``), ``model.reinit_head``, the evaluation batching, the
-    accelerate config file and the number of processes, the tokenized data (datasets' fingerprint of each split) and its task,
-    the pretrained checkpoint's config and weights' sizes, and the code (``finetune.code.code_digest`` of the train
-    stage: every project file it runs).
+    accelerate config file and the number of processes, the tokenized data (datasets' fingerprint of each split) and
+    its task, the pretrained checkpoint's config and weights' sizes, and the code (``finetune.code.code_digest`` of
+    the train stage: every project file it runs).
     """
     weights = sorted((f.name, f.stat().st_size) for f in paths.pretrained.glob("*.safetensors"))
     accelerate_config = Path(params.train.accelerate_config)

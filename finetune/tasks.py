@@ -17,8 +17,8 @@ TASK_FILE = "task.json"  # in data/raw, data/tokenized and models/finetuned
 
 @dataclass(frozen=True)
 class GlueTask:
-    """One GLUE task: its text columns, its class names (as on the Hub), its metrics (the first picks the best epoch by default), and the Hub's
-    split names where they differ from train / validation / test (MNLI)."""
+    """One GLUE task: its text columns, its class names (as on the Hub), its metrics (the first picks the best epoch
+    by default), and the Hub's split names where they differ from train / validation / test (MNLI)."""
 
     text_columns: tuple[str, ...]
     label_names: tuple[str, ...] | None  # None: regression

@@ -184,7 +184,8 @@ def own_frame(kind: str, n: int, seed: int) -> "pd.DataFrame":
                              "verdict": ["yes" if s else "no" for s in same]})
     if kind == "pair-regression":
         rows = [(rng.choice(EVENTS), rng.choice(EVENTS)) for _ in range(n)]
-        return pd.DataFrame({"sentence1": [f"Police {a}." for a, _ in rows], "sentence2": [f"Police {b}." for _, b in rows],
+        return pd.DataFrame({"sentence1": [f"Police {a}." for a, _ in rows],
+                             "sentence2": [f"Police {b}." for _, b in rows],
                              "score": [5.0 if a == b else round(rng.uniform(0, 3), 2) for a, b in rows]})
     raise ValueError(kind)
 

@@ -177,7 +177,8 @@ BAD_OWN_FILES = [
      "data/own/train.csv: split 'train' lacks column(s) ['verdict']; has ['question', 'answer']"),
     ("label-outside-declared-names", lambda: {**_own_good(), "validation": _cell(_own_good()["validation"], 3,
                                                                                   "verdict", "maybe")},
-     {"label_names": ["no", "yes"]}, "data/own/validation.csv: split 'validation' row 3: label 'maybe' not in ['no', 'yes']"),
+     {"label_names": ["no", "yes"]},
+     "data/own/validation.csv: split 'validation' row 3: label 'maybe' not in ['no', 'yes']"),
     ("label-outside-train-labels", lambda: {**_own_good(), "validation": _cell(_own_good()["validation"], 5,
                                                                                 "verdict", "maybe")}, {},
      "data/own/validation.csv: split 'validation' row 5: label 'maybe' not in ['no', 'yes'] (the labels of train)"),
@@ -196,7 +197,8 @@ BAD_OWN_FILES = [
      "data/own/train.csv: split 'train' row 2: label is missing (null); every row needs a number (regression)"),
     ("mixed-label-types", lambda: {"train": ("train.jsonl", '{"question": "a?", "answer": "b", "verdict": 1}\n'
                                              '{"question": "c?", "answer": "d", "verdict": 0}\n'),
-                                   "validation": ("dev.jsonl", '{"question": "e?", "answer": "f", "verdict": "yes"}\n')},
+                                   "validation": ("dev.jsonl",
+                                                  '{"question": "e?", "answer": "f", "verdict": "yes"}\n')},
      {}, "data/own/dev.jsonl: split 'validation' row 0: label 'yes' is a string, but split 'train' has integer labels; "
          "labels must be of one type"),
     ("unknown-format", lambda: {"train": ("train.xlsx", "not a spreadsheet")}, {},

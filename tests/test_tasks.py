@@ -113,12 +113,13 @@ def test_glue_tasks_know_their_columns_labels_and_metric():
 
 def test_mnli_matched_splits_become_validation_and_test(tmp_path):
     def mnli(n, seed, labeled=True):
-        df = make_split(n, seed, labeled).to_pandas().rename(columns={"sentence1": "premise", "sentence2": "hypothesis"})
+        df = make_split(n, seed, labeled).to_pandas()
+        df = df.rename(columns={"sentence1": "premise", "sentence2": "hypothesis"})
         return df.assign(label=[i % 3 for i in range(n)] if labeled else -1)
 
-    folder = write_hub_folder(tmp_path / "glue", {"train": mnli(30, 0), "validation_matched": mnli(9, 1),
-                                                  "validation_mismatched": mnli(8, 2), "test_matched": mnli(7, 3, False),
-                                                  "test_mismatched": mnli(6, 4, False)}, config="mnli")
+    splits = {"train": mnli(30, 0), "validation_matched": mnli(9, 1), "validation_mismatched": mnli(8, 2),
+              "test_matched": mnli(7, 3, False), "test_mismatched": mnli(6, 4, False)}
+    folder = write_hub_folder(tmp_path / "glue", splits, config="mnli")
     params = tiny_params(data={"dataset": str(folder), "config": "mnli", "local_copy": None})
     record = download_dataset(params.data, tmp_path / "raw")
     assert {s: v["rows"] for s, v in record["splits"].items()} == {
@@ -171,8 +172,8 @@ def test_metric_for_best_must_be_a_metric_of_the_task():
     ("single-3", ["text"], "mood", {"loss", "macro_f1", "accuracy"}),
     ("pair-regression", ["sentence1", "sentence2"], "score", {"loss", "pearson", "spearmanr", "mse"}),
 ])
-def test_own_data_trains_evaluates_and_predicts_with_label_names(project_root, tiny_checkpoint, kind, text_columns,
-                                                                 label_column, metrics):
+def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_checkpoint, kind, text_columns,
+                                                           label_column, metrics):
     import shutil
 
     from finetune.params import Paths
@@ -221,7 +222,8 @@ def test_own_data_trains_evaluates_and_predicts_with_label_names(project_root, t
     # Predict: new rows in any order of lengths come back in their order, with names and probabilities.
     new = own_frame(kind, 9, 5).drop(columns=label_column).assign(note=range(9))
     scored = predict(write_own_file(new, project_root / "new.jsonl"), paths.finetuned, batch_size=4)
-    assert scored["note"].tolist() == list(range(9)) and scored[text_columns[0]].tolist() == new[text_columns[0]].tolist()
+    assert scored["note"].tolist() == list(range(9))
+    assert scored[text_columns[0]].tolist() == new[text_columns[0]].tolist()
     if kind == "single-3":
         probabilities = scored[[f"probability_{n}" for n in ("negative", "neutral", "positive")]].to_numpy()
         assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-4)
