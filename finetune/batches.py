@@ -14,16 +14,44 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from finetune.data import token_lengths
+from finetune.data import SWAPPED, token_lengths
 from finetune.params import EvaluateParams
 
 
-def make_collator(tokenizer: PreTrainedTokenizerBase) -> DataCollatorWithPadding:
-    """Dynamic padding: each batch is padded to its longest sequence, with the tokenizer's pad id, on the right."""
-    return DataCollatorWithPadding(tokenizer=tokenizer)
+class PairCollator:
+    """Dynamic padding (``DataCollatorWithPadding``: each batch padded to its longest sequence, with the
+    tokenizer's pad id, on the right), after picking the order of each pair.
+
+    Rows of a symmetric pair task carry both orders (``finetune.data.tokenize`` with ``swapped``). Each row is
+    swapped with probability ``swap``: 0 keeps the first order (s1, s2), 1 takes (s2, s1) for every row, 0.5 draws
+    the order per row from ``generator`` (reseed it to replay a draw). The unused order's columns are dropped;
+    rows without swapped columns pass as they are.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, swap: float = 0.0, seed: int = 0):
+        self.pad = DataCollatorWithPadding(tokenizer=tokenizer)
+        self.swap = swap
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        swapped = torch.rand(len(features), generator=self.generator) < self.swap if 0 < self.swap < 1 else \
+            [self.swap >= 1] * len(features)
+        rows = []
+        for row, use_swapped in zip(features, swapped):
+            kept = {k: v for k, v in row.items() if not k.startswith(SWAPPED)}
+            if use_swapped:
+                kept.update({k.removeprefix(SWAPPED): v for k, v in row.items() if k.startswith(SWAPPED)})
+            rows.append(kept)
+        return self.pad(rows)
 
 
-def train_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int, seed: int,
+def make_collator(tokenizer: PreTrainedTokenizerBase, swap: float = 0.0, seed: int = 0) -> PairCollator:
+    """The collator of every DataLoader: dynamic padding, pairs in their first order (``swap`` 0), swapped (1)
+    or in a random order per row (0.5), see ``PairCollator``."""
+    return PairCollator(tokenizer, swap, seed)
+
+
+def train_dataloader(ds: Dataset, collator: PairCollator, batch_size: int, seed: int,
                      group_by_length: bool = False) -> DataLoader:
     """Shuffled training batches; the order depends on ``seed`` only (reseed ``loader.generator`` to change it).
 
@@ -40,7 +68,7 @@ def train_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size:
     return DataLoader(ds, batch_size=batch_size, shuffle=True, collate_fn=collator, generator=generator)
 
 
-def eval_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: int) -> DataLoader:
+def eval_dataloader(ds: Dataset, collator: PairCollator, batch_size: int) -> DataLoader:
     """Evaluation batches in dataset order.
 
     The loader has its own generator: without one, every ``iter(loader)`` draws a seed from torch's global
@@ -49,7 +77,7 @@ def eval_dataloader(ds: Dataset, collator: DataCollatorWithPadding, batch_size: 
     return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator, generator=torch.Generator())
 
 
-def evaluation_batches(ds: Dataset, collator: DataCollatorWithPadding,
+def evaluation_batches(ds: Dataset, collator: PairCollator,
                        p: EvaluateParams) -> tuple[DataLoader, np.ndarray | None]:
     """The evaluation DataLoader of one tokenized split and the row order it follows.
 
@@ -61,3 +89,14 @@ def evaluation_batches(ds: Dataset, collator: DataCollatorWithPadding,
         return eval_dataloader(ds, collator, p.batch_size), None
     order = np.argsort(np.asarray(token_lengths(ds)), kind="stable")
     return eval_dataloader(ds.select(order), collator, p.batch_size), order
+
+
+def evaluation_loaders(ds: Dataset, tokenizer: PreTrainedTokenizerBase, p: EvaluateParams,
+                       both_orders: bool = False) -> tuple[list[DataLoader], np.ndarray | None]:
+    """``evaluation_batches`` of one split: one DataLoader, or with ``both_orders`` (a model trained with
+    ``train.swap_pairs``) two over the same rows in the same order, the pairs as given and swapped; the caller
+    averages their outputs (``finetune.evaluation.evaluate_split``)."""
+    loader, order = evaluation_batches(ds, make_collator(tokenizer), p)
+    if not both_orders:
+        return [loader], order
+    return [loader, evaluation_batches(ds, make_collator(tokenizer, swap=1.0), p)[0]], order

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test", "validation_mismatched", "test_mismatched")  # kept, in this order
 UNLABELED = -1  # the Hub's GLUE test splits carry label -1
+SWAPPED = "swapped_"  # prefix of the columns that hold a pair in the other order (tokenize with swapped)
 
 # What datasets and pyarrow raise on a bad folder: no data files (FileNotFoundError, DataFilesNotFoundError,
 # EmptyDatasetError), an unknown config or mismatched files (ValueError), an unreadable file (ArrowInvalid, OSError).
@@ -169,7 +170,8 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
         if split != "train":
             labels[split] = _encode_labels(df, split, where[split], names, ids, seen=labels["train"])
     try:
-        task = glue_task(p.glue_task) if p.glue_task else own_task(text_columns, names, p.positive_label)
+        task = glue_task(p.glue_task) if p.glue_task else \
+            own_task(text_columns, names, p.positive_label, bool(p.symmetric))
     except ValueError as err:
         raise DataError(f"{where['train']}: {err}") from None
 
@@ -409,19 +411,27 @@ def present_splits(splits: list[str], data: DatasetDict) -> list[str]:
 
 
 def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None,
-             text_columns: tuple[str, ...]) -> DatasetDict:
+             text_columns: tuple[str, ...], swapped: bool = False) -> DatasetDict:
     """Tokenize as the course does: ``tokenizer(s1, s2, truncation=True)`` (or ``tokenizer(s, ...)`` for a
     single-sentence task) via ``map(batched=True)``.
 
-    No padding here: DataCollatorWithPadding pads each batch to its own longest sequence.
+    No padding here: DataCollatorWithPadding pads each batch to its own longest sequence. With ``swapped`` (a
+    symmetric pair task), each row also holds the pair in the other order, ``tokenizer(s2, s1, ...)``, under
+    ``SWAPPED`` + the column name; ``finetune.batches.PairCollator`` picks one order per row.
 
     Returns:
-        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (BERT), ``attention_mask`` and, in labeled
-        splits, ``labels``; the text columns and idx are dropped (row order is kept, so row i is raw row i).
+        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (BERT), ``attention_mask`` (each swapped too
+        with ``swapped``) and, in labeled splits, ``labels``; the text columns and idx are dropped (row order is
+        kept, so row i is raw row i).
     """
 
     def encode(batch):
-        return tokenizer(*[batch[c] for c in text_columns], truncation=True, max_length=max_length)
+        texts = [batch[c] for c in text_columns]
+        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
+        if swapped:
+            other = tokenizer(*texts[::-1], truncation=True, max_length=max_length)
+            encoded.update({SWAPPED + name: values for name, values in other.items()})
+        return encoded
 
     # keep_in_memory: no cache file is written into the input folder (a DVC output of the download stage).
     tokenized = DatasetDict({

@@ -54,41 +54,64 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Ten
     return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
 
 
+def average_orders(logits: list[torch.Tensor], task: Task) -> torch.Tensor:
+    """One prediction from the logits ``[examples, num_labels]`` of each order of a pair (``train.swap_pairs``):
+    the log of the mean class probability, so softmax and argmax of the result are those of the averaged
+    probabilities; for regression the mean score. A single tensor is returned as is."""
+    if len(logits) == 1:
+        return logits[0]
+    stacked = torch.stack(logits)  # [orders, examples, num_labels]
+    if task.is_regression:
+        return stacked.mean(dim=0)
+    return stacked.softmax(dim=-1).mean(dim=0).log()
+
+
 @torch.no_grad()
-def evaluate_split(model: PreTrainedModel, dataloader: DataLoader, accelerator: Accelerator, task: Task,
-                   metric: evaluate.EvaluationModule | None, desc: str = "evaluate") -> tuple[dict, torch.Tensor]:
-    """The course's evaluation loop: forward each batch without gradients, predict, ``metric.add_batch``.
+def split_logits(model: PreTrainedModel, dataloader: DataLoader, accelerator: Accelerator,
+                 desc: str = "evaluate") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The course's evaluation loop: forward each batch without gradients.
 
     ``accelerator.gather_for_metrics`` collects every process's batch and drops the samples that
     distributed sampling duplicates, so each example counts once.
 
+    Returns:
+        ``(logits, labels)`` on the CPU in the dataloader's order: logits ``[examples, num_labels]`` (float32) and
+        labels ``[examples]``, or None when the batches carry none.
+    """
+    model.eval()
+    all_logits, all_labels = [], []
+    for batch in tqdm(dataloader, desc=desc, unit="batch", leave=False,
+                      disable=not accelerator.is_local_main_process):
+        labels = batch.pop("labels", None)
+        all_logits.append(accelerator.gather_for_metrics(model(**batch).logits).float().cpu())
+        if labels is not None:
+            all_labels.append(accelerator.gather_for_metrics(labels).cpu())
+    return torch.cat(all_logits), torch.cat(all_labels) if all_labels else None
+
+
+def evaluate_split(model: PreTrainedModel, dataloaders: list[DataLoader], accelerator: Accelerator, task: Task,
+                   metric: evaluate.EvaluationModule | None, desc: str = "evaluate") -> tuple[dict, torch.Tensor]:
+    """Evaluate one split: its logits (``split_logits``), averaged over ``dataloaders`` (one per order of the
+    pairs, see ``average_orders``; usually one), then the loss and ``metric.compute``.
+
     Args:
+        dataloaders: the split's batches, each loader over the same rows in the same order.
         metric: None for an unlabeled split (loss and metrics are then omitted).
         desc: the progress bar's label.
 
     Returns:
         ``(metrics, logits)``: metrics ``{"loss", <the task's metrics>}`` (loss: mean cross-entropy, or mean
         squared error for regression, per example) and logits ``[examples, num_labels]`` on the CPU, in the
-        dataloader's order.
+        dataloaders' order.
     """
-    model.eval()
-    all_logits, loss_sum, examples = [], 0.0, 0
-    for batch in tqdm(dataloader, desc=desc, unit="batch", leave=False,
-                      disable=not accelerator.is_local_main_process):
-        if metric is None:
-            batch = {k: v for k, v in batch.items() if k != "labels"}
-        outputs = model(**batch)
-        logits = accelerator.gather_for_metrics(outputs.logits).float()
-        all_logits.append(logits.cpu())
-        if metric is not None:
-            labels = accelerator.gather_for_metrics(batch["labels"])
-            loss_sum += loss_of(logits, labels, task).item()
-            examples += labels.numel()
-            metric.add_batch(predictions=predictions_of(logits, task), references=labels)
-    logits = torch.cat(all_logits)
+    outputs = [split_logits(model, dl, accelerator, desc if i == 0 else f"{desc} (swapped)")
+               for i, dl in enumerate(dataloaders)]
+    logits, labels = average_orders([logits for logits, _ in outputs], task), outputs[0][1]
     if metric is None:
         return {}, logits
-    return {"loss": loss_sum / examples, **metric.compute(**_metric_options(task))}, logits
+    loss = loss_of(logits, labels, task).item() / labels.numel()
+    return {"loss": loss, **metric.compute(predictions=predictions_of(logits, task), references=labels,
+                                           **_metric_options(task))}, logits
 
 
 def _metric_options(task: Task) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -16,17 +17,41 @@ def make_optimizer(model: torch.nn.Module, p: TrainParams) -> torch.optim.AdamW:
     """``torch.optim.AdamW`` with ``p.lr``; ``p.weight_decay`` on every weight except biases and LayerNorm weights.
 
     Excluding biases and normalisation weights from decay follows BERT's original optimizer and
-    run_glue_no_trainer.py. ``p.adamw_impl`` picks the implementation: 'foreach' batches the update over
+    run_glue_no_trainer.py. With ``p.layer_lr_decay`` below 1, each layer gets its own learning rate
+    (``layer_learning_rates``). ``p.adamw_impl`` picks the implementation: 'foreach' batches the update over
     tensors, 'fused' runs one kernel per parameter group (CPU and CUDA since torch 2.4), 'default' lets torch
     choose; all compute the same update (https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html).
     """
     decay = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))
-    groups = [
-        {"params": [t for n, t in model.named_parameters() if n in decay], "weight_decay": p.weight_decay},
-        {"params": [t for n, t in model.named_parameters() if n not in decay], "weight_decay": 0.0},
-    ]
+    rates = layer_learning_rates(model, p.lr, p.layer_lr_decay)
+    groups = {}
+    for name, tensor in model.named_parameters():
+        wd = p.weight_decay if name in decay else 0.0
+        groups.setdefault((rates[name], wd), []).append(tensor)
     impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[p.adamw_impl]
-    return torch.optim.AdamW(groups, lr=p.lr, **impl)
+    return torch.optim.AdamW([{"params": tensors, "lr": lr, "weight_decay": wd}
+                              for (lr, wd), tensors in groups.items()], lr=p.lr, **impl)
+
+
+def layer_learning_rates(model: torch.nn.Module, lr: float, decay: float) -> dict[str, float]:
+    """The learning rate of every parameter of ``model`` under layer-wise learning-rate decay.
+
+    Counting depth from the top: the head (classifier, pooler: everything outside the encoder) gets ``lr``, the
+    last encoder layer ``lr * decay``, layer ``i`` of ``L`` ``lr * decay ** (L - i)`` (``i`` from 0) and the
+    embeddings ``lr * decay ** (L + 1)``, as in ELECTRA's fine-tuning (Clark et al. 2020,
+    https://arxiv.org/abs/2003.10555, appendix A: 0.8 for small models). ``decay`` 1.0 gives every parameter
+    ``lr``. Layers are found by name (``encoder.layer.<i>.``, ``embeddings.``), as in BERT-family models.
+    """
+    names = [name for name, _ in model.named_parameters()]
+    layer_of = {name: int(m.group(1)) for name in names if (m := re.search(r"encoder\.layers?\.(\d+)\.", name))}
+    layers = max(layer_of.values(), default=-1) + 1
+
+    def depth(name: str) -> int:  # steps down from the head
+        if name in layer_of:
+            return layers - layer_of[name]
+        return layers + 1 if "embeddings." in name else 0
+
+    return {name: lr * decay ** depth(name) for name in names}
 
 
 @dataclass(frozen=True)

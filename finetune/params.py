@@ -48,6 +48,7 @@ class DataParams(_Section):
     label_names: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=2)  # class names in id order
     task_type: Literal["classification", "regression"] | None  # null: float labels are regression
     positive_label: str | None  # binary own data: the class whose F1 is reported (null: the second name)
+    symmetric: StrictBool | None  # own pair data whose label ignores the order of the texts (null: false)
     validation_fraction: float = Field(gt=0, lt=1)  # carved from train when the data has no validation split
     split_seed: NonNegativeInt  # seed of that split
     max_samples: PositiveInt | None
@@ -78,7 +79,8 @@ class DataParams(_Section):
         if self.dataset in GLUE_DATASETS and self.config not in GLUE_TASKS:
             raise ValueError(f"config: {self.config!r} is not a GLUE task; GLUE's are {', '.join(GLUE_TASKS)}")
         if self.glue_task:
-            fixed = {k: getattr(self, k) for k in ("text_columns", "label_names", "task_type", "positive_label")}
+            fixed = {k: getattr(self, k) for k in ("text_columns", "label_names", "task_type", "positive_label",
+                                                        "symmetric")}
             if any(v is not None for v in fixed.values()):
                 raise ValueError(f"GLUE task {self.config!r} defines its columns, labels and metric; set "
                                  f"{', '.join(k for k, v in fixed.items() if v is not None)} to null")
@@ -88,6 +90,7 @@ class DataParams(_Section):
 class ModelParams(_Section):
     checkpoint: str = Field(min_length=1)
     reinit_head: StrictBool  # a checkpoint whose classification head has other than 2 labels: new head (true) or error
+    pooling: Literal["cls", "mean"]  # the head's input: the pooled [CLS] vector or the mean of the last hidden states
 
 
 class TokenizeParams(_Section):
@@ -116,6 +119,8 @@ class TrainParams(_Section):
     log_every: PositiveInt  # optimizer steps between DVCLive logs of train loss and learning rate
     group_by_length: StrictBool  # batches of similar lengths (transformers' LengthGroupedSampler)
     adamw_impl: Literal["default", "foreach", "fused"]  # torch.optim.AdamW implementation
+    layer_lr_decay: float = Field(gt=0, le=1)  # lr x this per layer below the head (1.0: one lr for all)
+    swap_pairs: StrictBool  # symmetric pair tasks: train on both orders, average both at evaluation
     torch_compile: StrictBool
     num_threads: PositiveInt | None  # torch.set_num_threads on CPU (null: torch's default)
 

@@ -24,14 +24,17 @@ class GlueTask:
     label_names: tuple[str, ...] | None  # None: regression
     metrics: tuple[str, ...]
     splits: dict[str, str] = field(default_factory=dict)  # the Hub's name -> the pipeline's
+    symmetric: bool = False  # a pair task whose label does not depend on the order of the two texts
 
 
 GLUE_TASKS = {
     "cola": GlueTask(("sentence",), ("unacceptable", "acceptable"), ("matthews_correlation",)),
     "sst2": GlueTask(("sentence",), ("negative", "positive"), ("accuracy",)),
-    "mrpc": GlueTask(("sentence1", "sentence2"), ("not_equivalent", "equivalent"), ("f1", "accuracy")),
-    "qqp": GlueTask(("question1", "question2"), ("not_duplicate", "duplicate"), ("f1", "accuracy")),
-    "stsb": GlueTask(("sentence1", "sentence2"), None, ("pearson", "spearmanr")),
+    "mrpc": GlueTask(("sentence1", "sentence2"), ("not_equivalent", "equivalent"), ("f1", "accuracy"),
+                     symmetric=True),
+    "qqp": GlueTask(("question1", "question2"), ("not_duplicate", "duplicate"), ("f1", "accuracy"),
+                    symmetric=True),
+    "stsb": GlueTask(("sentence1", "sentence2"), None, ("pearson", "spearmanr"), symmetric=True),
     "mnli": GlueTask(("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), ("accuracy",),
                      splits={"validation_matched": "validation", "test_matched": "test"}),
     "qnli": GlueTask(("question", "sentence"), ("entailment", "not_entailment"), ("accuracy",)),
@@ -61,6 +64,7 @@ class Task:
     metric_config: str
     metrics: tuple[str, ...]  # what the metric returns, the first being the default for train.metric_for_best
     positive_label: int = 1
+    symmetric: bool = False  # a pair task whose label does not depend on the order of the two texts (train.swap_pairs)
 
     @property
     def is_regression(self) -> bool:
@@ -108,16 +112,18 @@ class Task:
 def glue_task(config: str) -> Task:
     """The Task of GLUE config ``config``."""
     g = GLUE_TASKS[config]
-    return Task(config, g.text_columns, g.label_names, config, g.metrics)
+    return Task(config, g.text_columns, g.label_names, config, g.metrics, symmetric=g.symmetric)
 
 
 def own_task(text_columns: tuple[str, ...], label_names: tuple[str, ...] | None,
-             positive_label: str | None = None) -> Task:
+             positive_label: str | None = None, symmetric: bool = False) -> Task:
     """The Task of the user's own data: regression when ``label_names`` is None, else binary or multi-class.
 
     Raises:
-        ValueError: ``positive_label`` is not one of ``label_names``.
+        ValueError: ``positive_label`` is not one of ``label_names``, or ``symmetric`` for a single text column.
     """
+    if symmetric and len(text_columns) != 2:
+        raise ValueError(f"data.symmetric: true needs two text columns (got {list(text_columns)})")
     if label_names is None:
         kind, positive = "regression", 1
     elif len(label_names) == 2:
@@ -127,4 +133,4 @@ def own_task(text_columns: tuple[str, ...], label_names: tuple[str, ...] | None,
         positive = label_names.index(positive_label) if positive_label is not None else 1
     else:
         kind, positive = "multiclass", 1
-    return Task("own", text_columns, label_names, kind, OWN_METRICS[kind], positive)
+    return Task("own", text_columns, label_names, kind, OWN_METRICS[kind], positive, symmetric)

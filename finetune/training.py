@@ -21,10 +21,11 @@ from datasets import load_from_disk
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from finetune.batches import evaluation_batches, make_collator, train_dataloader
+from finetune.batches import PairCollator, evaluation_loaders, make_collator, train_dataloader
 from finetune.errors import ParamsError
 from finetune.evaluation import evaluate_split, load_metric
 from finetune.live import TrainLog
+from finetune.data import SWAPPED
 from finetune.modeling import load_classifier
 from finetune.optim import Schedule, make_optimizer, make_scheduler
 from finetune.params import Params, Paths, TrainParams
@@ -78,8 +79,9 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_dl: torch.utils.data.DataLoader
-    val_dl: torch.utils.data.DataLoader
+    val_dls: list[torch.utils.data.DataLoader]  # one, or with train.swap_pairs one per order of the pairs
     batch_order: torch.Generator  # reseeded every epoch: the batch order depends on seed and epoch only
+    train_collator: PairCollator  # with train.swap_pairs its generator, reseeded every epoch, orders the pairs
     schedule: Schedule
     fingerprint: str
     mixed_precision: str
@@ -138,27 +140,48 @@ def build_run(params: Params, paths: Paths) -> Run:
         metric_for_best, _ = task.metric_for_best(p.metric_for_best)
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
-    model = load_classifier(paths.pretrained, task, params.model.reinit_head)
-    parameters = sum(t.numel() for t in model.parameters())
     tokenized = load_from_disk(str(paths.tokenized))
-    collator = make_collator(tokenizer)
-    train_dl = train_dataloader(tokenized["train"], collator, p.batch_size, p.seed, p.group_by_length)
+    check_swap_pairs(p, task, tokenized["train"].column_names)
+    model = load_classifier(paths.pretrained, task, params.model.reinit_head, params.model.pooling)
+    model.config.swap_pairs = p.swap_pairs  # saved in config.json: evaluation averages both orders when true
+    parameters = sum(t.numel() for t in model.parameters())
+    train_collator = make_collator(tokenizer, swap=0.5 if p.swap_pairs else 0.0, seed=p.seed)
+    train_dl = train_dataloader(tokenized["train"], train_collator, p.batch_size, p.seed, p.group_by_length)
     batch_order = train_dl.generator
-    val_dl, _ = evaluation_batches(tokenized["validation"], collator, params.evaluate)
+    val_dls, _ = evaluation_loaders(tokenized["validation"], tokenizer, params.evaluate, p.swap_pairs)
     optimizer = make_optimizer(model, p)
     if p.torch_compile:
         model = torch.compile(model)
-    model, optimizer, train_dl, val_dl = accelerator.prepare(model, optimizer, train_dl, val_dl)
+    model, optimizer, train_dl, *val_dls = accelerator.prepare(model, optimizer, train_dl, *val_dls)
     schedule = Schedule.of(p, len(train_dl))
     scheduler = make_scheduler(optimizer, p, schedule)
     accelerator.register_for_checkpointing(scheduler)
     log.info("Training up to %d optimizer steps (%d epochs of %d) on %d process(es) (%s), batch %d x %d accumulation, "
-             "mixed precision %s, lr %g, %s schedule, %d warmup steps, %d CPU threads", schedule.total_steps,
-             schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes, accelerator.device, p.batch_size,
-             p.gradient_accumulation_steps, mixed_precision, p.lr, p.scheduler, schedule.warmup_steps, threads)
+             "mixed precision %s, lr %g (layer decay %g), %s schedule, %d warmup steps, %s head, %s, %d CPU threads",
+             schedule.total_steps, schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes,
+             accelerator.device, p.batch_size, p.gradient_accumulation_steps, mixed_precision, p.lr, p.layer_lr_decay,
+             p.scheduler, schedule.warmup_steps, params.model.pooling,
+             "pairs in both orders" if p.swap_pairs else "pairs as given", threads)
     fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes)
-    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dl,
-               batch_order, schedule, fingerprint, mixed_precision, parameters)
+    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dls,
+               batch_order, train_collator, schedule, fingerprint, mixed_precision, parameters)
+
+
+def check_swap_pairs(p: TrainParams, task: Task, train_columns: list[str]) -> None:
+    """With ``train.swap_pairs``, the task must be a symmetric pair task whose tokenized data has both orders.
+
+    Raises:
+        ParamsError: the task is not symmetric, or the data lacks the swapped columns (tokenized by an older
+            version: rerun the tokenize stage).
+    """
+    if not p.swap_pairs:
+        return
+    if not task.symmetric:
+        raise ParamsError(f"params.yaml: train.swap_pairs: task {task.name!r} is not symmetric (its label depends on "
+                          "the order of the texts); set train.swap_pairs: false, or data.symmetric: true for your "
+                          "own pair data whose label does not")
+    if SWAPPED + "input_ids" not in train_columns:
+        raise ParamsError("data/tokenized: no swapped pairs in the train split; rerun `dvc repro tokenize`")
 
 
 def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
@@ -185,6 +208,7 @@ def train_epoch(run: Run, state: RunState, logs: TrainLog, progress: tqdm) -> li
     p, accelerator, model = run.p, run.accelerator, run.model
     epoch = state.epoch + 1
     run.batch_order.manual_seed(p.seed + epoch)
+    run.train_collator.generator.manual_seed(p.seed + epoch)
     model.train()
     step_losses, micro_losses = [], []
     epoch_start = time.perf_counter()
@@ -210,7 +234,7 @@ def train_epoch(run: Run, state: RunState, logs: TrainLog, progress: tqdm) -> li
         if state.step == 1 and p.torch_compile:
             run.compile_seconds = time.perf_counter() - step_start
         state.losses.append(sum(micro_losses) / len(micro_losses))
-        state.lrs.append(run.scheduler.get_last_lr()[0])
+        state.lrs.append(max(run.scheduler.get_last_lr()))  # the head's, with train.layer_lr_decay
         step_losses.append(state.losses[-1])
         micro_losses = []
         progress.update(1)
@@ -228,7 +252,7 @@ def end_of_epoch(run: Run, state: RunState, stopping: EarlyStopping, step_losses
     """Validate, log the epoch, keep the model if it is the best so far (or every epoch without ``keep_best``),
     and checkpoint the run."""
     p = run.p
-    validation, _ = evaluate_split(run.model, run.val_dl, run.accelerator, run.task, load_metric(run.task),
+    validation, _ = evaluate_split(run.model, run.val_dls, run.accelerator, run.task, load_metric(run.task),
                                    desc="validation")
     entry = {"epoch": state.epoch, "train/loss": sum(step_losses) / len(step_losses),
              **{f"validation/{name}": value for name, value in validation.items()}}

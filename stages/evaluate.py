@@ -16,15 +16,15 @@ import pandas as pd
 import torch
 from accelerate import PartialState
 from datasets import Dataset, load_from_disk
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoTokenizer
 
-from finetune.batches import evaluation_batches, make_collator
+from finetune.batches import evaluation_loaders
 from finetune.data import is_labeled, present_splits
 from finetune.evaluation import evaluate_split, load_metric, with_predictions
 from finetune.live import log_plots, open_live
+from finetune.modeling import load_finetuned
 from finetune.params import Params, Paths, load_params
 from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
-from finetune.sources import check_checkpoint
 from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -52,20 +52,19 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
     p = params.evaluate
     set_cpu_threads(None)
     accelerator = make_accelerator()
-    check_checkpoint(paths.finetuned)
     tokenizer = AutoTokenizer.from_pretrained(paths.finetuned)
-    model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(paths.finetuned))
+    model = accelerator.prepare(load_finetuned(paths.finetuned))
+    both_orders = getattr(model.config, "swap_pairs", False)  # trained with train.swap_pairs: average both orders
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
     tokenized, raw, task = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw)), Task.load(paths.raw)
-    collator = make_collator(tokenizer)
     results = {}
     with (atomic_dir(paths.predictions) if main else contextlib.nullcontext()) as tmp, \
             (atomic_dir(paths.eval_logs) if main else contextlib.nullcontext()) as live_tmp:
         live = open_live(live_tmp) if main else None
         for split in present_splits(p.splits, tokenized):
             labeled = is_labeled(tokenized[split])
-            dataloader, order = evaluation_batches(tokenized[split], collator, p)
-            metrics, logits = evaluate_split(model, accelerator.prepare(dataloader), accelerator, task,
+            dataloaders, order = evaluation_loaders(tokenized[split], tokenizer, p, both_orders)
+            metrics, logits = evaluate_split(model, [accelerator.prepare(dl) for dl in dataloaders], accelerator, task,
                                              load_metric(task) if labeled else None, desc=split)
             if order is not None:  # back to row order
                 logits = logits[np.argsort(order)]

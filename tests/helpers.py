@@ -116,7 +116,8 @@ def make_project(root: Path, params: Params, raw: DatasetDict | None = None, che
         raw.save_to_disk(str(paths.raw))
         task.save(paths.raw)
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-        tokenize(raw, tokenizer, params.tokenize.max_length, task.text_columns).save_to_disk(str(paths.tokenized))
+        tokenize(raw, tokenizer, params.tokenize.max_length, task.text_columns, task.symmetric).save_to_disk(
+            str(paths.tokenized))
         task.save(paths.tokenized)
         shutil.copytree(checkpoint, paths.pretrained)
     for name in PROJECT_CODE if code else []:

@@ -37,7 +37,9 @@ def _first_batch(tokenized, collator):
 
 
 def test_fixed_length_padding_breaks_the_dynamic_padding_rule(tokenized, tokenizer):
-    batch = _first_batch(tokenized, DataCollatorWithPadding(tokenizer, padding="max_length", max_length=64))
+    collator = make_collator(tokenizer)
+    collator.pad = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=64)
+    batch = _first_batch(tokenized, collator)
     with pytest.raises(CollateError, match="split=validation batch=0 rule=dynamic-padding: seq_len 64"):
         check_batch(batch, tokenizer, "split=validation batch=0", MRPC)
 

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoTokenizer
 
-from finetune.batches import evaluation_batches, make_collator
+from finetune.batches import evaluation_loaders
 from finetune.data import load_files, tokenize
 from finetune.errors import DataError, PipelineError
 from finetune.evaluation import evaluate_split, with_predictions
+from finetune.modeling import load_finetuned
 from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, set_cpu_threads, setup_logging
-from finetune.sources import check_checkpoint
 from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -37,15 +37,17 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     """The rows of ``input_file`` with ``prediction`` (class name, or score for regression) and, for classification,
     ``probability_<name>`` per class, in the file's order.
 
-    Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order.
+    Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order. A model
+    trained with ``train.swap_pairs`` scores both orders of each pair and averages them, as the evaluate stage does.
 
     Raises:
         CheckpointError: ``model_dir`` lacks config, weights or tokenizer.
         DataError: the file can't be read, lacks a text column (the message lists those it has), or has an empty
             text; naming the file and the row.
     """
-    check_checkpoint(model_dir)
+    model = load_finetuned(model_dir)
     task = Task.load(model_dir)
+    both_orders = getattr(model.config, "swap_pairs", False)  # trained on both orders: average them
     data = load_files({"input": input_file})["input"]
     missing = [c for c in task.text_columns if c not in data.column_names]
     if missing:
@@ -57,13 +59,15 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
             raise DataError(f"{input_file}: row {empty[0]}: empty {column} (null, empty or only whitespace)")
     text = data.select_columns(list(task.text_columns)).add_column("idx", list(range(len(data))))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenized = tokenize({"input": text}, tokenizer, max_length or tokenizer.model_max_length, task.text_columns)
+    tokenized = tokenize({"input": text}, tokenizer, max_length or tokenizer.model_max_length, task.text_columns,
+                         both_orders)
     set_cpu_threads(None)
     accelerator = make_accelerator()
-    model = accelerator.prepare(AutoModelForSequenceClassification.from_pretrained(model_dir))
-    loader, order = evaluation_batches(tokenized["input"], make_collator(tokenizer),
-                                       EvaluateParams(batch_size=batch_size, sort_by_length=True, splits=["test"]))
-    _, logits = evaluate_split(model, accelerator.prepare(loader), accelerator, task, None, desc="predict")
+    model = accelerator.prepare(model)
+    loaders, order = evaluation_loaders(tokenized["input"], tokenizer, EvaluateParams(
+        batch_size=batch_size, sort_by_length=True, splits=["test"]), both_orders)
+    _, logits = evaluate_split(model, [accelerator.prepare(dl) for dl in loaders], accelerator, task, None,
+                               desc="predict")
     return with_predictions(rows, logits[np.argsort(order)], task)
 
 
