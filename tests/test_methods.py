@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from datasets import load_from_disk
@@ -19,6 +21,7 @@ from finetune.tasks import glue_task
 from finetune.training import train
 from stages.evaluate import evaluate_model
 from tests.helpers import make_project, reset_accelerate, tiny_params
+from tools.predict import predict
 
 MRPC, STSB = glue_task("mrpc"), glue_task("stsb")
 
@@ -142,3 +145,10 @@ def test_train_and_evaluate_with_mean_pooling_and_swapped_pairs(tiny_raw, tiny_c
     classify = pipeline("text-classification", model=str(paths.finetuned))
     [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected."}])
     assert result["label"] in {"not_equivalent", "equivalent"}
+    # tools.predict averages both orders as the evaluate stage does
+    evaluated = pd.read_csv(paths.predictions / "validation.csv")
+    new = tmp_path / "new.csv"
+    tiny_raw["validation"].to_pandas()[["sentence1", "sentence2"]].to_csv(new, index=False)
+    scored = predict(new, paths.finetuned, batch_size=4)
+    np.testing.assert_allclose(scored["probability_equivalent"], evaluated["probability_equivalent"], atol=2e-5)
+    assert (scored["prediction"] == evaluated["prediction"]).all()
