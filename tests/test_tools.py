@@ -4,7 +4,7 @@ plots grid lays out every plot."""
 import pandas as pd
 import pytest
 
-from tools.summarize import markdown, metric_columns, summarize
+from tools.summarize import compare_to, markdown, metric_columns, summarize
 
 
 def test_seeds_of_one_configuration_are_summarised_together():
@@ -45,3 +45,19 @@ def test_seeds_of_another_task_are_summarised_by_its_own_metrics():
                                   "train_seconds", "wall_seconds"]
     best, other = summarize(df)[0]  # best mean validation Pearson first: STS-B has no F1
     assert best["params"] == {"train.lr": 3e-5} and other["validation.pearson"]["mean"] == pytest.approx(0.82)
+
+
+def test_a_configuration_is_compared_to_the_baseline_by_the_standard_error_of_the_difference():
+    df = pd.DataFrame({"model.pooling": ["cls"] * 3 + ["mean"] * 3, "train.seed": [42, 1, 2] * 2,
+                       "validation.f1": [0.86, 0.87, 0.88, 0.89, 0.90, 0.91]},
+                      index=pd.Index(["d-42", "d-1", "d-2", "m-42", "m-1", "m-2"], name="Experiment"))
+    configurations, varying = summarize(df, ["validation.f1"])
+    compare_to(configurations, "d-*", "validation.f1")
+    mean, default = configurations
+    assert default["vs_baseline"]["diff"] == 0 and not default["vs_baseline"]["wins"]
+    assert mean["vs_baseline"]["diff"] == pytest.approx(0.03)
+    assert mean["vs_baseline"]["se"] == pytest.approx((0.01 ** 2 / 3 * 2) ** 0.5, abs=1e-4) and mean["vs_baseline"]["wins"]
+    assert "| mean | 3 | 42,1,2 | 0.9000 ± 0.0100 | +0.0300 (SE 0.0082) |" in markdown(configurations, varying,
+                                                                                  ["validation.f1"])
+    with pytest.raises(SystemExit, match="--baseline 'x-\\*': no summarised experiment matches"):
+        compare_to(configurations, "x-*", "validation.f1")

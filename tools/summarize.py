@@ -90,9 +90,33 @@ def summarize(df: pd.DataFrame, metrics: list[str] | None = None) -> tuple[list[
     return configurations, varying
 
 
+def compare_to(configurations: list[dict], baseline: str, metric: str) -> None:
+    """Add to each configuration ``"vs_baseline"``: the difference of its mean ``metric`` from the baseline's (the
+    configuration holding an experiment that matches the fnmatch pattern ``baseline``), the standard error of that
+    difference, ``sqrt(s_a**2 / n_a + s_b**2 / n_b)`` (sample stds, seeds taken as independent), and whether the
+    difference exceeds it (``wins``): the rule of metrics/sweeps/README.md for replacing a default.
+
+    Raises:
+        SystemExit: no configuration matches ``baseline``.
+    """
+    base = next((c for c in configurations if any(fnmatch.fnmatch(e, baseline) for e in c["experiments"])), None)
+    if base is None:
+        raise SystemExit(f"--baseline {baseline!r}: no summarised experiment matches (add it with --match)")
+    for c in configurations:
+        a, b = c.get(metric), base.get(metric)
+        if a is None or b is None or a["std"] is None or b["std"] is None:
+            continue
+        diff = a["mean"] - b["mean"]
+        se = math.sqrt(a["std"] ** 2 / c["n"] + b["std"] ** 2 / base["n"])
+        c["vs_baseline"] = {"metric": metric, "baseline": base["experiments"], "diff": round(diff, 4),
+                            "se": round(se, 4), "wins": diff > se}
+
+
 def markdown(configurations: list[dict], varying: list[str], metrics: list[str]) -> str:
-    """A Markdown table: the varying params, n, seeds and ``mean ± std`` of each metric, best first."""
+    """A Markdown table: the varying params, n, seeds and ``mean ± std`` of each metric, best first; with
+    ``compare_to``, the difference from the baseline and its standard error."""
     metrics = [m for m in metrics if any(m in c for c in configurations)]
+    compared = next((c["vs_baseline"]["metric"] for c in configurations if "vs_baseline" in c), None)
     rows = []
     for c in configurations:
         cells = [str(c["params"][p]) for p in varying] + [str(c["n"]), ",".join(map(str, c["seeds"]))]
@@ -101,8 +125,12 @@ def markdown(configurations: list[dict], varying: list[str], metrics: list[str])
             digits = 4 if m.startswith(("validation.", "test.")) else 1
             cells.append("" if s is None else f"{s['mean']:.{digits}f}" +
                          (f" ± {s['std']:.{digits}f}" if s["std"] is not None else ""))
+        if compared:
+            v = c.get("vs_baseline")
+            cells.append("" if v is None else f"{v['diff']:+.4f} (SE {v['se']:.4f})")
         rows.append(cells)
-    return markdown_table([*varying, "n", "seeds", *metrics], rows)
+    extra = [f"{compared} − baseline"] if compared else []
+    return markdown_table([*varying, "n", "seeds", *metrics, *extra], rows)
 
 
 def _plain(value):
@@ -119,6 +147,8 @@ def main() -> None:
     parser.add_argument("--num", type=int, default=50, help="commits back from HEAD to search (default 50)")
     parser.add_argument("--out", type=Path, help="write the summary JSON here")
     parser.add_argument("--md", type=Path, help="write the Markdown table here")
+    parser.add_argument("--baseline", help="experiment name pattern of the configuration to compare with: adds the "
+                        "difference of the main validation metric and its standard error")
     parser.add_argument("--with-test", action="store_true",
                         help="also summarise test metrics (only for the chosen configuration: select on validation)")
     args = parser.parse_args()
@@ -126,6 +156,8 @@ def main() -> None:
     df = load_experiments(args.match, args.num)
     metrics = metric_columns(df, args.with_test)
     configurations, varying = summarize(df, metrics)
+    if args.baseline:
+        compare_to(configurations, args.baseline, next(m for m in metrics if m.startswith("validation.")))
     table = markdown(configurations, varying, metrics)
     print(table)
     columns = [c for c in df.columns if c.startswith(PARAM_PREFIXES) or c in metrics]
