@@ -4,7 +4,7 @@ plots grid lays out every plot."""
 import pandas as pd
 import pytest
 
-from tools.summarize import compare_to, markdown, metric_columns, summarize
+from tools.summarize import compare_to, main_metric, markdown, metric_columns, summarize
 
 
 def test_seeds_of_one_configuration_are_summarised_together():
@@ -51,6 +51,7 @@ def test_a_configuration_is_compared_to_the_baseline_by_the_standard_error_of_th
     df = pd.DataFrame({"model.pooling": ["cls"] * 3 + ["mean"] * 3, "train.seed": [42, 1, 2] * 2,
                        "validation.f1": [0.86, 0.87, 0.88, 0.89, 0.90, 0.91]},
                       index=pd.Index(["d-42", "d-1", "d-2", "m-42", "m-1", "m-2"], name="Experiment"))
+    assert main_metric(["validation.accuracy", "validation.f1"]) == "validation.f1"
     configurations, varying = summarize(df, ["validation.f1"])
     compare_to(configurations, "d-*", "validation.f1")
     mean, default = configurations

@@ -57,6 +57,12 @@ def metric_columns(df: pd.DataFrame, with_test: bool = False) -> list[str]:
     return found + RUN_METRICS
 
 
+def main_metric(metrics: list[str]) -> str | None:
+    """The metric that ranks configurations: validation F1 where the task has it, else its first validation metric."""
+    return "validation.f1" if "validation.f1" in metrics else next((m for m in metrics if m.startswith("validation.")),
+                                                                   None)
+
+
 def summarize(df: pd.DataFrame, metrics: list[str] | None = None) -> tuple[list[dict], list[str]]:
     """Group experiments by their params except the seed; mean, std (sample, n-1) and values of each metric
     (default: ``metric_columns``).
@@ -84,8 +90,7 @@ def summarize(df: pd.DataFrame, metrics: list[str] | None = None) -> tuple[list[
                              "std": round(float(values.std(ddof=1)), 4) if len(values) > 1 else None,
                              "values": [_plain(v) for v in values]}
         configurations.append(entry)
-    key = "validation.f1" if "validation.f1" in metrics else next((m for m in metrics if m.startswith("validation.")),
-                                                                   None)
+    key = main_metric(metrics)
     configurations.sort(key=lambda c: -c.get(key, {}).get("mean", -math.inf))
     return configurations, varying
 
@@ -157,7 +162,7 @@ def main() -> None:
     metrics = metric_columns(df, args.with_test)
     configurations, varying = summarize(df, metrics)
     if args.baseline:
-        compare_to(configurations, args.baseline, next(m for m in metrics if m.startswith("validation.")))
+        compare_to(configurations, args.baseline, main_metric(metrics))
     table = markdown(configurations, varying, metrics)
     print(table)
     columns = [c for c in df.columns if c.startswith(PARAM_PREFIXES) or c in metrics]
