@@ -53,8 +53,9 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
     set_cpu_threads(None)
     accelerator = make_accelerator()
     tokenizer = AutoTokenizer.from_pretrained(paths.finetuned)
-    model = accelerator.prepare(load_finetuned(paths.finetuned))
+    model = load_finetuned(paths.finetuned)
     both_orders = getattr(model.config, "swap_pairs", False)  # trained with train.swap_pairs: average both orders
+    model = accelerator.prepare(model)  # after reading its config: a prepared model may be wrapped (DDP)
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
     tokenized, raw, task = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw)), Task.load(paths.raw)
     results = {}
