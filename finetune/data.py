@@ -191,7 +191,7 @@ def _checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str,
     if len(ds) == 0:
         raise DataError(f"{where}: split {split!r} is empty")
     df = _frame(ds, text_columns, label_column)
-    _check_text(df, text_columns, where, split)
+    check_text(df, text_columns, where, split)
     _check_idx(df, where, split)
     return df
 
@@ -225,7 +225,13 @@ def _row(where: str, split: str, df: pd.DataFrame, row: int) -> str:
     return f"{where}: split {split!r} row idx={df['idx'].iat[row]}"
 
 
-def _check_text(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, split: str) -> None:
+def check_text(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, split: str) -> None:
+    """Every text of ``df``'s ``text_columns`` must be non-empty (not null, not only whitespace).
+
+    Raises:
+        DataError: naming ``where``, the split, the first empty row (its idx, or its 0-based number when
+            ``df.attrs["numbered"]``) and the column.
+    """
     for column in text_columns:
         text = df[column]
         empty = np.flatnonzero((text.isna() | (text.astype(str).str.strip() == "")).to_numpy())

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, BertConfig, PreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.bert.modeling_bert import BertModel, BertPreTrainedModel
 
@@ -121,6 +121,25 @@ def load_classifier(checkpoint_dir: str | Path, task: Task, reinit_head: bool = 
                                                            ignore_mismatched_sizes=reinit_head)
 
 
+def load_encoder(checkpoint_dir: str | Path) -> PreTrainedModel:
+    """The encoder of a local checkpoint, without its task head: what the download stage saves as
+    ``models/pretrained``, so that any checkpoint, a model fine-tuned by this pipeline included (intermediate
+    training, STILTs), starts the next run the same way.
+
+    A ``bert_mean_pooled`` model (``model.pooling: mean``) becomes a plain ``BertModel`` without a pooler, so the next
+    run may use either head.
+
+    Raises:
+        CheckpointError: the folder lacks config, weights or tokenizer.
+    """
+    check_checkpoint(checkpoint_dir)
+    config = AutoConfig.from_pretrained(checkpoint_dir)
+    if config.model_type != MeanPooledBertConfig.model_type:
+        return AutoModel.from_pretrained(checkpoint_dir)
+    settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+    return BertModel.from_pretrained(checkpoint_dir, config=BertConfig(**settings), add_pooling_layer=False)
+
+
 def load_finetuned(model_dir: str | Path) -> PreTrainedModel:
     """A fine-tuned model saved by the train stage (either head: ``model.pooling`` cls or mean), for evaluation.
 
@@ -131,3 +150,9 @@ def load_finetuned(model_dir: str | Path) -> PreTrainedModel:
     """
     check_checkpoint(model_dir)
     return AutoModelForSequenceClassification.from_pretrained(model_dir)
+
+
+def trained_on_both_orders(model: PreTrainedModel) -> bool:
+    """Whether ``model`` (unwrapped: read it before ``accelerator.prepare``) was trained with ``train.swap_pairs``,
+    so that its predictions average both orders of each pair (``finetune.evaluation.average_orders``)."""
+    return bool(getattr(model.config, "swap_pairs", False))

@@ -13,12 +13,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from datasets import DatasetDict
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoTokenizer
 
 from finetune.data import carve_validation, load_files, load_raw, prepare_raw, required_columns, split_summary
+from finetune.modeling import load_encoder
 from finetune.params import DataParams, Paths, load_params, project_path
 from finetune.runtime import atomic_dir, run_stage, write_json
-from finetune.sources import check_checkpoint, resolve_checkpoint, resolve_dataset, resolve_files
+from finetune.sources import resolve_checkpoint, resolve_dataset, resolve_files
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +67,16 @@ def download_dataset(p: DataParams, out_dir: Path) -> dict:
 
 
 def download_checkpoint(checkpoint: str, out_dir: Path) -> dict:
-    """Copy tokenizer and model of ``checkpoint`` (Hub id or folder) to ``out_dir`` via save_pretrained.
+    """Copy tokenizer and encoder of ``checkpoint`` (Hub id or folder) to ``out_dir`` via save_pretrained; a model
+    fine-tuned before (intermediate training) loses its head here, and the train stage gives it the task's.
 
     Raises:
         SourceError: no source has the checkpoint (``resolve_checkpoint``).
-        CheckpointError: its folder lacks config, weights or tokenizer (``check_checkpoint``); nothing is written.
+        CheckpointError: its folder lacks config, weights or tokenizer (``load_encoder``); nothing is written.
     """
     source = resolve_checkpoint(checkpoint)
-    check_checkpoint(source.path)
+    model = load_encoder(source.path)  # checks the folder first; a fine-tuned checkpoint's head is not carried over
     tokenizer = AutoTokenizer.from_pretrained(source.path)
-    model = AutoModel.from_pretrained(source.path)
     with atomic_dir(out_dir) as tmp:
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)

@@ -22,7 +22,7 @@ from finetune.batches import evaluation_loaders
 from finetune.data import is_labeled, present_splits
 from finetune.evaluation import evaluate_split, load_metric, with_predictions
 from finetune.live import log_plots, open_live
-from finetune.modeling import load_finetuned
+from finetune.modeling import load_finetuned, trained_on_both_orders
 from finetune.params import Params, Paths, load_params
 from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
 from finetune.tasks import Task
@@ -54,7 +54,7 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
     accelerator = make_accelerator()
     tokenizer = AutoTokenizer.from_pretrained(paths.finetuned)
     model = load_finetuned(paths.finetuned)
-    both_orders = getattr(model.config, "swap_pairs", False)  # trained with train.swap_pairs: average both orders
+    both_orders = trained_on_both_orders(model)
     model = accelerator.prepare(model)  # after reading its config: a prepared model may be wrapped (DDP)
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
     tokenized, raw, task = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw)), Task.load(paths.raw)

@@ -1,5 +1,5 @@
 """Stage 2, tokenize: the task's text (a sentence, or a pair) to token ids with the checkpoint's tokenizer.
-A symmetric pair task (MRPC, QQP, STS-B) gets both orders of each pair (``train.swap_pairs`` uses them).
+With ``train.swap_pairs`` (symmetric pair tasks: MRPC, QQP, STS-B), each pair is also stored in the other order.
 
 Writes data/tokenized/ (Arrow, DatasetDict.save_to_disk, plus the task.json of data/raw) and
 metrics/token_lengths.json (per split).
@@ -25,9 +25,10 @@ def tokenize_splits(params: Params, paths: Paths) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
     task = Task.load(paths.raw)
     max_length = params.tokenize.max_length or tokenizer.model_max_length
+    both_orders = task.symmetric and params.train.swap_pairs  # the train stage refuses swap_pairs for other tasks
     log.info("Tokenizing %s (%s%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
-             ", both orders: a symmetric task" if task.symmetric else "", type(tokenizer).__name__, max_length)
-    tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns, task.symmetric)
+             ", both orders (train.swap_pairs)" if both_orders else "", type(tokenizer).__name__, max_length)
+    tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns, both_orders)
     with atomic_dir(paths.tokenized) as tmp:
         tokenized.save_to_disk(str(tmp))
         task.save(tmp)

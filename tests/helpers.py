@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # What a clone holds that the pipeline needs to run (everything else is generated).
 PROJECT_CODE = ["stages", "finetune", "tools", "configs", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
-                ".dvc/.gitignore", ".dvc/plots", "data/own/README.md"]
+                ".dvc/.gitignore", ".dvc/plots", "data/own/README.md",
+                "models/own/README.md"]
 
 # The tiny settings on top of params.yaml: a few fast steps of a 2-layer model, fp32, last epoch kept. Any key not
 # named here (a new param too) comes from params.yaml.
@@ -102,7 +103,7 @@ def make_project(root: Path, params: Params, raw: DatasetDict | None = None, che
                  code: bool = False, task=None) -> Paths:
     """A project folder at ``root``: params.yaml; with ``raw`` (prepared, of ``task``: default MRPC) and
     ``checkpoint`` the inputs of the train stage (data/raw, data/tokenized by the pipeline's own tokenization, each
-    with task.json, and models/pretrained); with ``code`` the project's code, configs, dvc.yaml and data/own, for
+    with task.json, and models/pretrained); with ``code`` the project's code, configs, dvc.yaml, data/own and models/own, for
     running stages and DVC commands in it."""
     from transformers import AutoTokenizer
 
@@ -116,7 +117,8 @@ def make_project(root: Path, params: Params, raw: DatasetDict | None = None, che
         raw.save_to_disk(str(paths.raw))
         task.save(paths.raw)
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-        tokenize(raw, tokenizer, params.tokenize.max_length, task.text_columns, task.symmetric).save_to_disk(
+        tokenize(raw, tokenizer, params.tokenize.max_length, task.text_columns,
+                 task.symmetric and params.train.swap_pairs).save_to_disk(
             str(paths.tokenized))
         task.save(paths.tokenized)
         shutil.copytree(checkpoint, paths.pretrained)

@@ -1,15 +1,17 @@
 """Issue 14's methods on the tiny model: swapped pairs, averaging both orders, the mean-pooling head, layer-wise
-learning-rate decay."""
+learning-rate decay, a fine-tuned model as the next run's checkpoint (intermediate training)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from datasets import load_from_disk
+from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, pipeline
 
 from finetune.batches import evaluation_loaders, make_collator
@@ -19,7 +21,9 @@ from finetune.modeling import BertForMeanPooledClassification, load_classifier
 from finetune.optim import layer_learning_rates, make_optimizer
 from finetune.tasks import glue_task
 from finetune.training import train
+from stages.download import download_checkpoint
 from stages.evaluate import evaluate_model
+from stages.tokenize import tokenize_splits
 from tests.helpers import make_project, reset_accelerate, tiny_params
 from tools.predict import predict
 
@@ -35,6 +39,16 @@ def test_tokenize_keeps_both_orders_of_a_symmetric_pair(tiny_raw, tiny_tokenized
     assert row["input_ids"] == tokenizer(raw["sentence1"], raw["sentence2"])["input_ids"]
     assert row["swapped_input_ids"] == tokenizer(raw["sentence2"], raw["sentence1"])["input_ids"]
     assert row["swapped_token_type_ids"] == tokenizer(raw["sentence2"], raw["sentence1"])["token_type_ids"]
+
+
+@pytest.mark.parametrize("swap_pairs", [False, True])
+def test_tokenize_stage_stores_the_swapped_order_only_for_swap_pairs(tiny_raw, tiny_checkpoint, tmp_path, swap_pairs):
+    params = tiny_params(train={"swap_pairs": swap_pairs})
+    paths = make_project(tmp_path, params, tiny_raw, tiny_checkpoint)
+    shutil.rmtree(paths.tokenized)
+    tokenize_splits(params, paths)
+    columns = load_from_disk(str(paths.tokenized))["train"].column_names
+    assert ("swapped_input_ids" in columns) is swap_pairs
 
 
 def test_collator_swaps_pairs(tiny_tokenized, tokenizer):
@@ -152,3 +166,23 @@ def test_train_and_evaluate_with_mean_pooling_and_swapped_pairs(tiny_raw, tiny_c
     scored = predict(new, paths.finetuned, batch_size=4)
     np.testing.assert_allclose(scored["probability_equivalent"], evaluated["probability_equivalent"], atol=2e-5)
     assert (scored["prediction"] == evaluated["prediction"]).all()
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_a_finetuned_model_is_the_next_runs_checkpoint(tiny_raw, tiny_checkpoint, tmp_path, pooling):
+    # Intermediate training (STILTs): the download stage takes a run's models/finetuned as model.checkpoint; the
+    # next run starts from its encoder (all weights but the head) and gets a new head for its own task.
+    first = tiny_params(model={"pooling": pooling})
+    paths = make_project(tmp_path / "first", first, tiny_raw, tiny_checkpoint)
+    train(first, paths)
+    reset_accelerate()
+    trained = AutoModelForSequenceClassification.from_pretrained(paths.finetuned).state_dict()
+    pretrained = tmp_path / "second" / "models" / "pretrained"
+    record = download_checkpoint(str(paths.finetuned), pretrained)
+    assert record["model_type"] == "bert"
+    encoder = load_file(pretrained / "model.safetensors")  # what the download stage saved: the encoder's weights
+    assert encoder and all(torch.equal(w, trained["bert." + name]) for name, w in encoder.items())
+    model = load_classifier(pretrained, glue_task("rte"), pooling=pooling)
+    assert all(torch.equal(w, encoder[name.removeprefix("bert.")]) for name, w in model.state_dict().items()
+               if name.startswith("bert.") and name.removeprefix("bert.") in encoder)
+    assert not torch.equal(model.classifier.weight, trained["classifier.weight"])  # a new head

@@ -22,10 +22,10 @@ import pandas as pd
 from transformers import AutoTokenizer
 
 from finetune.batches import evaluation_loaders
-from finetune.data import load_files, tokenize
+from finetune.data import check_text, load_files, tokenize
 from finetune.errors import DataError, PipelineError
 from finetune.evaluation import evaluate_split, with_predictions
-from finetune.modeling import load_finetuned
+from finetune.modeling import load_finetuned, trained_on_both_orders
 from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, set_cpu_threads, setup_logging
 from finetune.tasks import Task
@@ -47,16 +47,14 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     """
     model = load_finetuned(model_dir)
     task = Task.load(model_dir)
-    both_orders = getattr(model.config, "swap_pairs", False)  # trained on both orders: average them
+    both_orders = trained_on_both_orders(model)
     data = load_files({"input": input_file})["input"]
     missing = [c for c in task.text_columns if c not in data.column_names]
     if missing:
         raise DataError(f"{input_file}: lacks column(s) {missing} that the model reads; has {data.column_names}")
     rows = data.to_pandas()
-    for column in task.text_columns:
-        empty = np.flatnonzero((rows[column].isna() | (rows[column].astype(str).str.strip() == "")).to_numpy())
-        if empty.size:
-            raise DataError(f"{input_file}: row {empty[0]}: empty {column} (null, empty or only whitespace)")
+    rows.attrs["numbered"] = True  # errors name the row's number in the file
+    check_text(rows, task.text_columns, str(input_file), "input")
     text = data.select_columns(list(task.text_columns)).add_column("idx", list(range(len(data))))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenized = tokenize({"input": text}, tokenizer, max_length or tokenizer.model_max_length, task.text_columns,
