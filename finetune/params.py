@@ -212,12 +212,16 @@ def validate_params(raw: Any, source: str) -> Params:
 
 
 def project_path(path: str) -> Path:
-    """A path from params.yaml: absolute as is, relative to the project root otherwise.
+    """A path from params.yaml: absolute as is; inside the project (``data/own/...``, ``models/own/...``) relative to
+    the folder the stage runs in; outside it (``../shared/...``) relative to the original repository.
 
-    The project root is ``$DVC_ROOT``, which DVC sets for every stage it runs; for a queued experiment
-    (run in a temporary copy under .dvc/tmp/exps) it is the original repository, so ``../shared/...``
-    still points beside it. Outside DVC, the current folder.
+    DVC runs a stage in the project root and sets ``$DVC_ROOT``. For a queued experiment the two differ: the stage
+    runs in a temporary copy under .dvc/tmp/exps (which holds the experiment's own tracked files), while
+    ``$DVC_ROOT`` names the original repository, beside which ``../shared`` lies. Outside DVC, both are the current
+    folder.
     """
+    if Path(path).is_absolute() or not Path(path).parts or Path(path).parts[0] != "..":
+        return Path(path)
     return Path(os.environ.get("DVC_ROOT", ".")) / path
 
 

@@ -77,7 +77,7 @@ def _hub_snapshot(repo_id: str, repo_type: str, allow_patterns: list[str]) -> So
     try:
         path = snapshot_download(repo_id, repo_type=repo_type, allow_patterns=allow_patterns)
     except HFValidationError:
-        log.warning("%r is not a folder (from %s) nor a valid Hub %s id", repo_id, project_path(".").resolve(),
+        log.warning("%r is not a folder (%s) nor a valid Hub %s id", repo_id, project_path(repo_id).resolve(),
                     repo_type)
         return None
     except (LocalEntryNotFoundError, OSError) as err:

@@ -139,7 +139,7 @@ def test_library_error_is_chained(good, tmp_path):
 
 def _own(tmp_path, monkeypatch, frames: dict, **data) -> dict:
     """Write ``frames`` (split -> DataFrame, or a file name -> text) under tmp_path/data/own and download them."""
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # a stage runs in the project root
     files = {}
     for split, frame in frames.items():
         name = frame[0] if isinstance(frame, tuple) else f"{split}.csv"

@@ -1,12 +1,15 @@
 """Dataset and checkpoint sources: Hub, local folder, and the offline fallbacks, with provenance."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from finetune import sources
 from finetune.errors import SourceError
+from finetune.params import project_path
 from finetune.sources import resolve_checkpoint, resolve_dataset
 
 
@@ -90,3 +93,16 @@ def test_relative_local_copy_is_found_from_dvc_root(hub_layout_dataset, hub_down
     source = resolve_dataset("nyu-mll/glue", "mrpc", f"../{hub_layout_dataset.name}")
     assert (source.kind, source.location) == ("local", f"../{hub_layout_dataset.name}")
     assert source.path == str(hub_layout_dataset.resolve())
+
+
+def test_paths_inside_the_project_are_the_running_copys(tiny_checkpoint, hub_down, monkeypatch, tmp_path):
+    # ... while data/own and models/own files are the experiment's own: those of the temp copy the stage runs in.
+    copy, original = tmp_path / "exps" / "copy", tmp_path / "original"
+    shutil.copytree(tiny_checkpoint, copy / "models" / "own" / "first")
+    original.mkdir()
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("DVC_ROOT", str(original))
+    source = resolve_checkpoint("models/own/first")
+    assert source.kind == "local" and source.path == str((copy / "models" / "own" / "first").resolve())
+    assert project_path("data/own/train.csv") == Path("data/own/train.csv")
+    assert project_path("../shared/x") == original / "../shared/x"

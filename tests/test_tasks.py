@@ -29,8 +29,9 @@ def own_params(files: dict, text_columns: list, label_column: str, **data):
 
 @pytest.fixture
 def project_root(tmp_path, monkeypatch):
-    """An empty project folder that relative paths of params (data/own/...) resolve against, as under DVC."""
-    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    """An empty project folder that relative paths of params (data/own/...) resolve against: the current folder, as
+    for a stage under DVC."""
+    monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
