@@ -79,46 +79,36 @@ AutoConfig.register(MeanPooledBertConfig.model_type, MeanPooledBertConfig)
 AutoModelForSequenceClassification.register(MeanPooledBertConfig, BertForMeanPooledClassification)
 
 
-def load_classifier(checkpoint_dir: str | Path, task: Task, reinit_head: bool = False,
-                    pooling: str = "cls") -> PreTrainedModel:
-    """Load a sequence classifier for ``task`` from a local checkpoint folder.
+def load_classifier(checkpoint_dir: str | Path, task: Task, pooling: str = "cls") -> PreTrainedModel:
+    """Load a sequence classifier for ``task`` from a local checkpoint folder, with a new head.
 
     The config gets the task's ``num_labels`` (1 for regression), ``id2label`` / ``label2id`` (the class names, so
     ``pipeline("text-classification")`` prints them) and ``problem_type`` (MSE loss for regression,
-    cross-entropy otherwise). A checkpoint without a classification head (e.g. a plain ``BertModel``) gets a
-    freshly initialised one, seeded by the caller's ``set_seed``; transformers logs which weights were new. A
-    checkpoint whose head has another number of outputs (e.g. an MNLI model, 3) is an error unless
-    ``reinit_head``, which replaces that head with a new one (``ignore_mismatched_sizes``).
+    cross-entropy otherwise). The pipeline's ``models/pretrained`` holds an encoder only (the download stage drops
+    any head, ``load_encoder``), so the head is freshly initialised, seeded by the caller's ``set_seed``; a folder
+    with a head of another size (e.g. an MNLI model's 3 outputs) gets a new one too (``ignore_mismatched_sizes``).
 
     ``pooling`` (``model.pooling``) picks the head: ``cls`` (the checkpoint's architecture, e.g.
     ``BertForSequenceClassification``) or ``mean`` (``BertForMeanPooledClassification``, BERT checkpoints only).
 
     Raises:
-        CheckpointError: the folder lacks config, weights or tokenizer (``check_checkpoint``), its head does not
-            have the task's number of outputs and ``reinit_head`` is false, or ``pooling`` is ``mean`` and the
-            checkpoint is not a BERT model.
+        CheckpointError: the folder lacks config, weights or tokenizer (``check_checkpoint``), or ``pooling`` is
+            ``mean`` and the checkpoint is not a BERT model.
     """
     check_checkpoint(checkpoint_dir)
     config = AutoConfig.from_pretrained(checkpoint_dir)
-    has_head = any(name.endswith("Classification") for name in config.architectures or [])
-    if has_head and config.num_labels != task.num_labels and not reinit_head:
-        raise CheckpointError(
-            f"{checkpoint_dir}: the checkpoint's classification head has {config.num_labels} outputs "
-            f"({config.id2label}), task {task.name!r} needs {task.num_labels}; set model.reinit_head: true in "
-            "params.yaml to replace it with a new head")
     head = {"num_labels": task.num_labels, "id2label": task.id2label,
             "label2id": {name: i for i, name in task.id2label.items()},
             "problem_type": "regression" if task.is_regression else "single_label_classification"}
     if pooling == "cls":
-        return AutoModelForSequenceClassification.from_pretrained(checkpoint_dir, ignore_mismatched_sizes=reinit_head,
-                                                                  **head)
+        return AutoModelForSequenceClassification.from_pretrained(checkpoint_dir, ignore_mismatched_sizes=True, **head)
     if config.model_type not in ("bert", MeanPooledBertConfig.model_type):
         raise CheckpointError(f"{checkpoint_dir}: model.pooling: mean needs a BERT checkpoint, this one is a "
                               f"{config.model_type!r} model; use model.pooling: cls")
     settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
     mean_config = MeanPooledBertConfig(**{**settings, **head})
     return BertForMeanPooledClassification.from_pretrained(checkpoint_dir, config=mean_config,
-                                                           ignore_mismatched_sizes=reinit_head)
+                                                           ignore_mismatched_sizes=True)
 
 
 def load_encoder(checkpoint_dir: str | Path) -> PreTrainedModel:

@@ -89,7 +89,6 @@ class DataParams(_Section):
 
 class ModelParams(_Section):
     checkpoint: str = Field(min_length=1)
-    reinit_head: StrictBool  # a checkpoint whose classification head has other than 2 labels: new head (true) or error
     pooling: Literal["cls", "mean"]  # the head's input: the pooled [CLS] vector or the mean of the last hidden states
 
 

@@ -42,7 +42,7 @@ class RunState:
 def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int) -> str:
     """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
 
-    Covers the train params (except ``resume``, ``log_every``), ``model.reinit_head`` and ``model.pooling``, the evaluation batching, the
+    Covers the train params (except ``resume``, ``log_every``), ``model.pooling``, the evaluation batching, the
     accelerate config file and the number of processes, the tokenized data (datasets' fingerprint of each split) and
     its task, the pretrained checkpoint's config and weights' sizes, and the code (``finetune.code.code_digest`` of
     the train stage: every project file it runs).
@@ -51,7 +51,6 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
     accelerate_config = Path(params.train.accelerate_config)
     parts = {
         "train": params.train.model_dump(exclude={"resume", "log_every"}),
-        "reinit_head": params.model.reinit_head,
         "pooling": params.model.pooling,
         "evaluate": params.evaluate.model_dump(include={"batch_size", "sort_by_length"}),
         "accelerate_config": accelerate_config.read_text() if accelerate_config.is_file() else None,

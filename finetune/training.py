@@ -142,7 +142,7 @@ def build_run(params: Params, paths: Paths) -> Run:
         raise ParamsError(f"params.yaml: {err}") from None
     tokenized = load_from_disk(str(paths.tokenized))
     check_swap_pairs(p, task, tokenized["train"].column_names)
-    model = load_classifier(paths.pretrained, task, params.model.reinit_head, params.model.pooling)
+    model = load_classifier(paths.pretrained, task, params.model.pooling)
     model.config.swap_pairs = p.swap_pairs  # saved in config.json: evaluation averages both orders when true
     parameters = sum(t.numel() for t in model.parameters())
     train_collator = make_collator(tokenizer, swap=0.5 if p.swap_pairs else 0.0, seed=p.seed)

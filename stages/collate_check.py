@@ -125,7 +125,7 @@ def check_all(params: Params, paths: Paths) -> dict:
         log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"],
                  100 * report[split]["padding_fraction"])
     torch.manual_seed(params.train.seed)
-    model = load_classifier(paths.pretrained, task, params.model.reinit_head, params.model.pooling).eval()
+    model = load_classifier(paths.pretrained, task, params.model.pooling).eval()
     report["forward"] = check_forward(model, next(iter(loaders["train"])), task)
     log.info("Forward pass OK: loss %.4f, logits %s", report["forward"]["loss"], report["forward"]["logits_shape"])
     return report

@@ -279,14 +279,7 @@ def three_label_checkpoint(tiny_checkpoint, tokenizer, tmp_path) -> Path:
     return folder
 
 
-def test_head_with_three_labels_needs_reinit_head(three_label_checkpoint):
-    with pytest.raises(CheckpointError) as err:
-        load_classifier(three_label_checkpoint, MRPC, reinit_head=False)
-    assert str(err.value).startswith(f"{three_label_checkpoint}: the checkpoint's classification head has 3 outputs")
-    assert "task 'mrpc' needs 2; set model.reinit_head: true in params.yaml" in str(err.value)
-
-
-def test_reinit_head_replaces_a_three_label_head(three_label_checkpoint):
-    model = load_classifier(three_label_checkpoint, MRPC, reinit_head=True)
+def test_a_head_of_another_size_is_replaced(three_label_checkpoint):
+    model = load_classifier(three_label_checkpoint, MRPC)
     assert model.config.num_labels == 2 and model.config.id2label == {0: "not_equivalent", 1: "equivalent"}
     assert model.classifier.out_features == 2
