@@ -62,3 +62,10 @@ def test_a_configuration_is_compared_to_the_baseline_by_the_standard_error_of_th
                                                                                   ["validation.f1"])
     with pytest.raises(SystemExit, match="--baseline 'x-\\*': no summarised experiment matches"):
         compare_to(configurations, "x-*", "validation.f1")
+
+
+def test_metrics_no_experiment_has_are_left_out():
+    # dvc exp show lists every metric of every experiment it reads (an STS-B run's Pearson beside MRPC runs).
+    df = pd.DataFrame({"validation.f1": [0.87, 0.88], "validation.pearson": ["None", None], "validation.loss": [0.3, 0.4]},
+                      index=["a", "b"])
+    assert metric_columns(df)[:1] == ["validation.f1"] and "validation.pearson" not in metric_columns(df)

@@ -29,17 +29,18 @@ RUN_METRICS = ["best_epoch", "epochs", "train_seconds", "wall_seconds"]
 PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.")
 
 
-def load_experiments(patterns: list[str], num: int = 50) -> pd.DataFrame:
+def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None = None) -> pd.DataFrame:
     """One row per finished experiment whose name matches one of ``patterns`` (fnmatch), from `dvc exp show`.
 
-    ``num``: how many commits back (from HEAD) to look for experiments.
+    ``num``: how many commits back (from HEAD, and from each of ``revs``: branches or commits whose experiments
+    count too, e.g. a branch that tracks an intermediate checkpoint) to look for experiments.
 
     Raises:
         SystemExit: no experiment matches.
     """
     import dvc.api
 
-    rows = [r for r in dvc.api.exp_show(num=num)
+    rows = [r for r in dvc.api.exp_show(revs=["HEAD", *revs] if revs else None, num=num)
             if r.get("Experiment") and r.get("State") in (None, "Success")
             and any(fnmatch.fnmatch(r["Experiment"], p) for p in patterns)]
     if not rows:
@@ -50,10 +51,12 @@ def load_experiments(patterns: list[str], num: int = 50) -> pd.DataFrame:
 
 def metric_columns(df: pd.DataFrame, with_test: bool = False) -> list[str]:
     """The task's metrics of the experiments (``validation.<metric>``, e.g. accuracy and F1 for MRPC, Pearson for
-    STS-B; with ``with_test`` also ``test.<metric>``), then the run's cost and length (``RUN_METRICS``)."""
+    STS-B; with ``with_test`` also ``test.<metric>``; those none of them has are left out), then the run's cost and
+    length (``RUN_METRICS``)."""
     splits = ("validation", "test") if with_test else ("validation",)
     found = [c for split in splits for c in df.columns
-             if c.startswith(f"{split}.") and c.split(".", 1)[1] not in ("loss", "examples")]
+             if c.startswith(f"{split}.") and c.split(".", 1)[1] not in ("loss", "examples")
+             and pd.to_numeric(df[c], errors="coerce").notna().any()]  # dvc writes a missing metric as 'None'
     return found + RUN_METRICS
 
 
@@ -150,6 +153,8 @@ def main() -> None:
     parser.add_argument("--match", action="append", required=True,
                         help="experiment name pattern (fnmatch, e.g. 'r3-*'); repeat for several")
     parser.add_argument("--num", type=int, default=50, help="commits back from HEAD to search (default 50)")
+    parser.add_argument("--rev", action="append", default=[],
+                        help="also search experiments based on this branch or commit (and --num commits before it)")
     parser.add_argument("--out", type=Path, help="write the summary JSON here")
     parser.add_argument("--md", type=Path, help="write the Markdown table here")
     parser.add_argument("--baseline", help="experiment name pattern of the configuration to compare with: adds the "
@@ -158,7 +163,7 @@ def main() -> None:
                         help="also summarise test metrics (only for the chosen configuration: select on validation)")
     args = parser.parse_args()
 
-    df = load_experiments(args.match, args.num)
+    df = load_experiments(args.match, args.num, args.rev)
     metrics = metric_columns(df, args.with_test)
     configurations, varying = summarize(df, metrics)
     if args.baseline:
