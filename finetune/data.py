@@ -39,12 +39,13 @@ FILE_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".jso
                 ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
 
 
-def load_raw(folder: str, config: str, columns: dict[str, list[str]] | None = None) -> DatasetDict:
+def load_raw(folder: str, config: str, text_columns: tuple[str, ...] = (), label_column: str | None = None) -> DatasetDict:
     """``load_dataset(folder, config)`` with one-line errors instead of tracebacks from inside the libraries.
 
     Done in load_dataset's own two steps (find the data files, then build), with the parquet files checked in
-    between (``check_parquet_split``, against ``columns``: split -> the columns it must have), so a corrupt file or
-    a split without rows is named before the build. The build goes to a temporary cache and is read into memory:
+    between (``check_parquet_split``: each split's files must have ``text_columns``, and ``label_column`` unless
+    the split is a test split), so a corrupt file, a missing column or a split without rows is named before the
+    build. The build goes to a temporary cache and is read into memory:
     datasets' cache key for a config of a folder's README ignores the files' content, so a shared cache could
     return the old rows of an edited folder (https://github.com/huggingface/datasets/issues/2956).
 
@@ -59,7 +60,9 @@ def load_raw(folder: str, config: str, columns: dict[str, list[str]] | None = No
         except LOAD_ERRORS as err:
             raise DataError(f"{folder} (config {config!r}): cannot load: {_reason(err)}") from err
         for split, files in (builder.config.data_files or {}).items():
-            check_parquet_split(folder, config, split, [str(f) for f in files], (columns or {}).get(split, []))
+            labeled = label_column is not None and not split.startswith("test")
+            check_parquet_split(folder, config, split, [str(f) for f in files],
+                                [*text_columns, *([label_column] if labeled else [])])
         try:
             builder.download_and_prepare()
             return builder.as_dataset(in_memory=True)
@@ -125,6 +128,14 @@ def _reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
+def data_columns(p: DataParams) -> tuple[tuple[str, ...], str]:
+    """The text columns and the label column of the data ``p`` names: a GLUE task's own, else params.yaml's
+    ``data.text_columns`` and ``data.label_column``."""
+    if p.glue_task:
+        return GLUE_TASKS[p.glue_task].text_columns, "label"
+    return tuple(p.text_columns or ()), p.label_column
+
+
 def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple[DatasetDict, Task]:
     """Check ``raw`` against the rules and bring it to the pipeline's shape; return it and its Task.
 
@@ -156,8 +167,7 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
     raw = DatasetDict({s: raw[s] for s in SPLITS if s in raw})
     if "train" not in raw:
         raise DataError(f"{next(iter(where.values()), 'data')}: no train split; found {list(raw)}")
-    text_columns = GLUE_TASKS[p.glue_task].text_columns if p.glue_task else tuple(p.text_columns)
-    label_column = "label" if p.glue_task else p.label_column
+    text_columns, label_column = data_columns(p)
     frames = {split: _checked_frame(ds, split, where[split], text_columns, label_column) for split, ds in raw.items()}
 
     # labels: names (or regression), then ids, train first: the other splits may only hold its classes
@@ -459,12 +469,3 @@ def length_stats(ds: Dataset, max_length: int) -> dict:
 def token_lengths(ds: Dataset) -> list[int]:
     """Tokens per example (special tokens included) of a tokenized split, in row order."""
     return [len(ids) for ids in ds["input_ids"]]
-
-
-def required_columns(p: DataParams) -> dict[str, list[str]]:
-    """Columns each split's files must have: the text columns everywhere, the label in train and validation."""
-    text = list(GLUE_TASKS[p.glue_task].text_columns) if p.glue_task else list(p.text_columns or [])
-    label = "label" if p.glue_task else p.label_column
-    return {s: text + ([label] if not s.startswith("test") else []) for s in
-            ("train", "validation", "test", *GLUE_TASKS["mnli"].splits, "validation_mismatched", "test_mismatched")}
-

@@ -79,6 +79,11 @@ AutoConfig.register(MeanPooledBertConfig.model_type, MeanPooledBertConfig)
 AutoModelForSequenceClassification.register(MeanPooledBertConfig, BertForMeanPooledClassification)
 
 
+def _bert_settings(config) -> dict:
+    """A BERT config's settings without its model type and architectures, to build a config of another type."""
+    return {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+
+
 def load_classifier(checkpoint_dir: str | Path, task: Task, pooling: str = "cls") -> PreTrainedModel:
     """Load a sequence classifier for ``task`` from a local checkpoint folder, with a new head.
 
@@ -105,8 +110,7 @@ def load_classifier(checkpoint_dir: str | Path, task: Task, pooling: str = "cls"
     if config.model_type not in ("bert", MeanPooledBertConfig.model_type):
         raise CheckpointError(f"{checkpoint_dir}: model.pooling: mean needs a BERT checkpoint, this one is a "
                               f"{config.model_type!r} model; use model.pooling: cls")
-    settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
-    mean_config = MeanPooledBertConfig(**{**settings, **head})
+    mean_config = MeanPooledBertConfig(**{**_bert_settings(config), **head})
     return BertForMeanPooledClassification.from_pretrained(checkpoint_dir, config=mean_config,
                                                            ignore_mismatched_sizes=True)
 
@@ -126,8 +130,8 @@ def load_encoder(checkpoint_dir: str | Path) -> PreTrainedModel:
     config = AutoConfig.from_pretrained(checkpoint_dir)
     if config.model_type != MeanPooledBertConfig.model_type:
         return AutoModel.from_pretrained(checkpoint_dir)
-    settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
-    return BertModel.from_pretrained(checkpoint_dir, config=BertConfig(**settings), add_pooling_layer=False)
+    return BertModel.from_pretrained(checkpoint_dir, config=BertConfig(**_bert_settings(config)),
+                                     add_pooling_layer=False)
 
 
 def load_finetuned(model_dir: str | Path) -> PreTrainedModel:

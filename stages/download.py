@@ -15,7 +15,7 @@ from pathlib import Path
 from datasets import DatasetDict
 from transformers import AutoTokenizer
 
-from finetune.data import carve_validation, load_files, load_raw, prepare_raw, required_columns, split_summary
+from finetune.data import carve_validation, data_columns, load_files, load_raw, prepare_raw, split_summary
 from finetune.modeling import load_encoder
 from finetune.params import DataParams, Paths, load_params, project_path
 from finetune.runtime import atomic_dir, run_stage, write_json
@@ -41,7 +41,7 @@ def download_dataset(p: DataParams, out_dir: Path) -> dict:
         where = dict(p.files)
     else:
         source = resolve_dataset(p.dataset, p.config, p.local_copy)
-        raw = load_raw(source.path, p.config, required_columns(p))
+        raw = load_raw(source.path, p.config, *data_columns(p))
         where = {split: source.path for split in raw}
     raw, task = prepare_raw(raw, p, where)
     carved = None
