@@ -102,13 +102,11 @@ def write_params(root: Path, params: Params) -> None:
 def make_project(root: Path, params: Params, raw: DatasetDict | None = None, checkpoint: Path | None = None,
                  code: bool = False, task=None) -> Paths:
     """A project folder at ``root``: params.yaml; with ``raw`` (prepared, of ``task``: default MRPC) and
-    ``checkpoint`` the inputs of the train stage (data/raw, data/tokenized by the pipeline's own tokenization, each
-    with task.json, and models/pretrained); with ``code`` the project's code, configs, dvc.yaml, data/own and models/own, for
-    running stages and DVC commands in it."""
-    from transformers import AutoTokenizer
-
-    from finetune.data import tokenize
+    ``checkpoint`` the inputs of the train stage (data/raw, models/pretrained, and data/tokenized by the tokenize
+    stage's own ``tokenize_splits``, each with task.json); with ``code`` the project's code, configs, dvc.yaml,
+    data/own and models/own, for running stages and DVC commands in it."""
     from finetune.tasks import glue_task
+    from stages.tokenize import tokenize_splits
 
     root.mkdir(parents=True, exist_ok=True)
     paths = Paths(root)
@@ -116,12 +114,8 @@ def make_project(root: Path, params: Params, raw: DatasetDict | None = None, che
         task = task or glue_task("mrpc")
         raw.save_to_disk(str(paths.raw))
         task.save(paths.raw)
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-        tokenize(raw, tokenizer, params.tokenize.max_length, task.text_columns,
-                 task.symmetric and params.train.swap_pairs).save_to_disk(
-            str(paths.tokenized))
-        task.save(paths.tokenized)
         shutil.copytree(checkpoint, paths.pretrained)
+        tokenize_splits(params, paths)
     for name in PROJECT_CODE if code else []:
         src, dst = REPO / name, root / name
         if src.is_dir():
