@@ -8,11 +8,14 @@ and the project's training FLOP/s is reported as a fraction of it.
 
     python -m benchmarks.benchmark --mode short   # 40 optimizer steps per way, a few minutes
     python -m benchmarks.benchmark --mode full    # whole runs (3 epochs each)
+    python -m benchmarks.benchmark --checkpoints sentence-transformers/all-MiniLM-L6-v2 \\
+        sentence-transformers/all-mpnet-base-v2   # the project's stages on each checkpoint, same settings
 
 The project's way calls the stages themselves (tokenize, train, evaluate on validation) in a temporary project
 whose params are params.yaml with the benchmark's overrides, validated like params.yaml.
 Needs data/raw and models/pretrained (`dvc repro download`). Writes benchmarks/results.json and
-benchmarks/RESULTS.md (full mode) or benchmarks/results-short.json and RESULTS-short.md (short mode).
+benchmarks/RESULTS.md (full mode) or benchmarks/results-short.json and RESULTS-short.md (short mode);
+``--checkpoints`` writes benchmarks/CHECKPOINTS.md and checkpoints.json.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 import torch
 
 from finetune.params import Paths, load_params, with_overrides
-from finetune.runtime import peak_memory_mb
+from finetune.runtime import peak_memory_mb, resolve_mixed_precision
 from finetune.tables import markdown_table
 
 HERE = Path(__file__).parent
@@ -149,16 +152,20 @@ def trainer(max_steps: int | None) -> dict:
             "accuracy": result["eval_accuracy"], "f1": result["eval_f1"]}
 
 
-def project(max_steps: int | None, overrides: dict | None = None) -> dict:
+def project(max_steps: int | None, overrides: dict | None = None, checkpoint: str | None = None) -> dict:
     """The project's own stages with params.yaml (its defaults), in a temporary project linked to data/raw and
     models/pretrained: tokenize, train, evaluate on validation.
 
     ``overrides``: ``{"train": {...}, "evaluate": {...}}`` applied on top of params.yaml (the ablation), validated.
+    ``checkpoint``: a Hub id or folder that the download stage's code fetches into the temporary project instead
+    of linking models/pretrained (``--checkpoints``); its shape is returned as ``shape``.
 
     Raises:
         ParamsError: an override names an unknown key or gives a bad value.
+        SourceError: ``checkpoint`` can't be found.
     """
     from finetune.training import train
+    from stages.download import download_checkpoint
     from stages.evaluate import evaluate_model
     from stages.tokenize import tokenize_splits
 
@@ -167,18 +174,22 @@ def project(max_steps: int | None, overrides: dict | None = None) -> dict:
     if max_steps:
         changes.setdefault("train", {})["max_steps"] = max_steps
     params = with_overrides(load_params(), changes, source="benchmark overrides")
-    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         paths = Paths(Path(tmp))
-        for link, target in ((paths.raw, RAW_DIR), (paths.pretrained, PRETRAINED_DIR)):
+        for link, target in ((paths.raw, RAW_DIR), (paths.pretrained, None if checkpoint else PRETRAINED_DIR)):
             link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(target.resolve(), target_is_directory=True)
+            if target:
+                link.symlink_to(target.resolve(), target_is_directory=True)
+        if checkpoint:
+            download_checkpoint(checkpoint, paths.pretrained)
+        shape = checkpoint_shape(paths.pretrained)
+        start = time.perf_counter()  # without the checkpoint's download
         tokenize_splits(params, paths)
         metrics = train(params, paths)
         result = evaluate_model(params, paths)["validation"]
     return {"samples": metrics["train_samples"], "real_tokens": metrics["real_tokens"], "steps": metrics["steps"],
             "train_seconds": metrics["train_seconds"], "padding_fraction": metrics["padding_fraction"],
-            "wall_s": time.perf_counter() - start, "accuracy": result["accuracy"], "f1": result["f1"],
+            "wall_s": time.perf_counter() - start, "accuracy": result["accuracy"], "f1": result["f1"], "shape": shape,
             "settings": {k: v for k, v in params.train.model_dump().items()
                          if k in ("batch_size", "lr", "scheduler", "warmup_ratio", "mixed_precision", "group_by_length",
                                   "adamw_impl", "torch_compile", "num_threads")}}
@@ -206,29 +217,39 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float
     return 2 * n**3 / best / 1e9
 
 
-def training_flops(real_tokens: int, mean_length: float) -> float:
-    """Training FLOPs ≈ 6 × non-embedding parameters × real tokens + attention.
+def checkpoint_shape(folder: Path = PRETRAINED_DIR) -> dict:
+    """Model type, layers, hidden size, parameters and non-embedding parameters (those outside any
+    ``*embeddings*`` module: a lookup costs no FLOPs) of the classifier on a checkpoint folder's encoder."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
+    parameters = sum(p.numel() for p in model.parameters())
+    embedding = sum(p.numel() for name, p in model.named_parameters() if "embeddings." in name)
+    return {"model_type": config.model_type, "layers": config.num_hidden_layers, "hidden": config.hidden_size,
+            "parameters": parameters, "non_embedding_parameters": parameters - embedding}
+
+
+def training_flops(real_tokens: int, mean_length: float, shape: dict | None = None) -> float:
+    """Training FLOPs ≈ 6 × non-embedding parameters × real tokens + attention, for a checkpoint of ``shape``
+    (``checkpoint_shape``; default models/pretrained's).
 
     Attention scores and the weighted sum cost 4 · seq · hidden FLOPs per token per layer forward, ×3 for
     forward + backward (Kaplan et al., 2020, https://arxiv.org/abs/2001.08361, table 1), with seq the mean
     real length.
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    config = AutoConfig.from_pretrained(PRETRAINED_DIR)
-    embedding = (config.vocab_size + config.max_position_embeddings + config.type_vocab_size) * config.hidden_size
-    model = AutoModelForSequenceClassification.from_pretrained(PRETRAINED_DIR, num_labels=2)
-    non_embedding = sum(p.numel() for p in model.parameters()) - embedding
-    attention = 12 * config.num_hidden_layers * mean_length * config.hidden_size * real_tokens
-    return 6 * non_embedding * real_tokens + attention
+    shape = shape or checkpoint_shape()
+    attention = 12 * shape["layers"] * mean_length * shape["hidden"] * real_tokens
+    return 6 * shape["non_embedding_parameters"] * real_tokens + attention
 
 
 # ---------------------------------------------------------------- driver
 
-def run_way(way: str, max_steps: int | None, overrides: dict | None = None) -> dict:
+def run_way(way: str, max_steps: int | None, overrides: dict | None = None, checkpoint: str | None = None) -> dict:
     """Run one way in a fresh Python process; its own peak RSS is added as ``peak_rss_mb``."""
     cmd = [sys.executable, "-m", "benchmarks.benchmark", "--way", way] + (["--max-steps", str(max_steps)] if max_steps else [])
     cmd += ["--overrides", json.dumps(overrides)] if overrides else []
+    cmd += ["--checkpoint", checkpoint] if checkpoint else []
     print(f"== {way}: {' '.join(cmd)}", flush=True)
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -272,10 +293,74 @@ def ablation() -> None:
     print((HERE / "ABLATION.md").read_text())
 
 
+# The base-size runs' recipe (the course's: batch 8, lr 5e-5, linear, no warmup) with the project's speed settings.
+CHECKPOINT_SETTINGS = {"train": {"batch_size": 8, "lr": 5e-5, "scheduler": "linear", "warmup_ratio": 0.0}}
+CHECKPOINT_STEPS = 200
+
+
+def compare_checkpoints(checkpoints: list[str], max_steps: int | None, ceiling: dict, out_dir: Path = HERE) -> None:
+    """Each checkpoint through the project's stages with the same settings (CHECKPOINT_SETTINGS), one subprocess
+    each, ``max_steps`` optimizer steps (None: whole runs); writes CHECKPOINTS.md and checkpoints.json to ``out_dir``.
+
+    Reported per checkpoint: train seconds, train samples/s, peak RSS, training GFLOP/s and, against the first
+    checkpoint, the measured time per sample and the ratio of training FLOPs per sample expected from the shapes
+    (``training_flops`` at the same tokens: the first checkpoint's real-token count and mean length).
+    """
+    records = []
+    for checkpoint in checkpoints:
+        r = run_way("project", max_steps, CHECKPOINT_SETTINGS, checkpoint)
+        records.append({"checkpoint": checkpoint, **r["shape"], "steps": r["steps"], "samples": r["samples"],
+                        "train_seconds": r["train_seconds"], "samples_per_s": r["samples"] / r["train_seconds"],
+                        "peak_rss_mb": r["peak_rss_mb"], "real_tokens": r["real_tokens"],
+                        "train_gflops": training_flops(r["real_tokens"], r["real_tokens"] / r["samples"], r["shape"])
+                        / r["train_seconds"] / 1e9, "settings": r["settings"]})
+    first = records[0]
+    tokens, mean_length = first["real_tokens"], first["real_tokens"] / first["samples"]
+    for r in records:
+        r["expected_flops_ratio"] = training_flops(tokens, mean_length, r) / training_flops(tokens, mean_length, first)
+        r["measured_time_ratio"] = first["samples_per_s"] / r["samples_per_s"]
+    info = machine()
+    command = "python -m benchmarks.benchmark --checkpoints " + " ".join(checkpoints) + (
+        " --mode full" if max_steps is None else "")
+    lines = [f"# Checkpoints side by side ({'whole runs' if max_steps is None else f'{max_steps} optimizer steps'})",
+             "", f"Command: `{command}`  ", f"Date: {date.today().isoformat()}  ",
+             f"Machine: {info['cpu']}, {info['cores']} threads, torch {info['torch']}, CPU flags: "
+             f"{info['bf16_flags'] or 'no bf16 instructions'}", "",
+             f"Settings, the same for each: `{json.dumps(records[0]['settings'])}`", "",
+             markdown_table(["checkpoint", "type", "layers × hidden", "parameters", "train s", "train samples/s",
+                             "peak RSS MB", "GFLOP/s", "FLOPs per sample, expected ratio", "time per sample, measured ratio"],
+                            [[r["checkpoint"], r["model_type"], f"{r['layers']} × {r['hidden']}",
+                              f"{r['parameters'] / 1e6:.1f} M", f"{r['train_seconds']:.0f}", f"{r['samples_per_s']:.1f}",
+                              f"{r['peak_rss_mb']:.0f}", f"{r['train_gflops']:.0f}", f"{r['expected_flops_ratio']:.2f}",
+                              f"{r['measured_time_ratio']:.2f}"] for r in records]).rstrip(), "",
+             _ceiling_line(ceiling)]
+    (out_dir / "checkpoints.json").write_text(json.dumps(
+        {"command": command, "date": date.today().isoformat(), "machine": info, "matmul_ceiling": ceiling,
+         "checkpoints": records}, indent=2) + "\n")
+    (out_dir / "CHECKPOINTS.md").write_text("\n".join(lines) + "\n")
+    print((out_dir / "CHECKPOINTS.md").read_text())
+
+
+def measure_ceiling() -> dict:
+    """Dense matmul GFLOP/s in fp32, and in bf16 only where the hardware has bf16 (``resolve_mixed_precision``):
+    a CPU without AVX512-BF16 emulates it, and one bf16 product of 2048² ran for minutes there."""
+    has_bf16 = resolve_mixed_precision("auto") == "bf16"
+    return {"fp32_gflops": matmul_gflops(torch.float32),
+            "bf16_gflops": matmul_gflops(torch.bfloat16) if has_bf16 else None}
+
+
+def _ceiling_line(ceiling: dict) -> str:
+    bf16 = f"{ceiling['bf16_gflops']:.0f} GFLOP/s" if ceiling["bf16_gflops"] else "not measured (no bf16 hardware)"
+    return f"Matmul ceiling (2048², best of 10): fp32 {ceiling['fp32_gflops']:.0f} GFLOP/s, bf16 {bf16}."
+
+
 def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    info = {"cpu": cpu, "cores": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), [])
+    info = {"cpu": cpu, "cores": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+            "bf16_flags": " ".join(f for f in flags if f in ("avx512_bf16", "amx_bf16"))}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
@@ -293,13 +378,13 @@ def report(records: list[dict], ceiling: dict, mode: str, command: str) -> str:
                  [[r["name"], f"{r['samples_per_s']:.1f}", f"{r['wall_s']:.0f}", f"{r['peak_rss_mb']:.0f}",
                    f"{r['accuracy']:.4f}", f"{r['f1']:.4f}", f"{r['ratio_to_course_loop']:.2f}x",
                    f"{r['wall_ratio_to_course_loop']:.2f}"] for r in records]).rstrip()]
-    lines += ["", f"Matmul ceiling (2048², best of 10): fp32 {ceiling['fp32_gflops']:.0f} GFLOP/s, bf16 "
-              f"{ceiling['bf16_gflops']:.0f} GFLOP/s."]
+    lines += ["", _ceiling_line(ceiling)]
     for r in records:
         if "train_tflops" in r:
+            bf16 = (f", {100 * r['fraction_of_bf16_ceiling']:.0f} % of bf16" if r.get("fraction_of_bf16_ceiling")
+                    else "")
             lines.append(f"{r['name']}: training at {r['train_gflops']:.1f} GFLOP/s = {100 * r['fraction_of_fp32_ceiling']:.0f} % "
-                         f"of the fp32 ceiling, {100 * r['fraction_of_bf16_ceiling']:.0f} % of bf16 "
-                         f"(6 × non-embedding parameters × real tokens + attention).")
+                         f"of the fp32 ceiling{bf16} (6 × non-embedding parameters × real tokens + attention).")
     project_settings = next((r.get("settings") for r in records if r["name"] == "project"), None)
     if project_settings:
         lines += ["", f"Project settings (params.yaml): `{json.dumps(project_settings)}`"]
@@ -313,13 +398,18 @@ def main() -> None:
     parser.add_argument("--way", choices=WAYS, help=argparse.SUPPRESS)  # internal: run one way, print JSON
     parser.add_argument("--max-steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--overrides", type=json.loads, help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", help=argparse.SUPPRESS)  # internal: the project way on this checkpoint
+    parser.add_argument("--checkpoints", nargs="+", metavar="CHECKPOINT",
+                        help=f"the project's stages on each checkpoint with the same settings, side by side "
+                             f"({CHECKPOINT_STEPS} optimizer steps each; --mode full: whole runs)")
+    parser.add_argument("--out-dir", type=Path, default=HERE, help="where --checkpoints writes (default benchmarks/)")
     parser.add_argument("--ablation", action="store_true",
                         help="short runs of the project's loop with each speed setting alone, then all together")
     args = parser.parse_args()
 
     if args.way:
         if args.way == "project":
-            result = project(args.max_steps, args.overrides)
+            result = project(args.max_steps, args.overrides, args.checkpoint)
         else:
             result = {"course_loop": course_loop, "trainer": trainer}[args.way](args.max_steps)
         print(json.dumps({**result, "peak_rss_mb": peak_memory_mb()}))
@@ -328,9 +418,13 @@ def main() -> None:
         ablation()
         return
 
-    max_steps = SHORT_STEPS if args.mode == "short" else None
-    ceiling = {"fp32_gflops": matmul_gflops(torch.float32), "bf16_gflops": matmul_gflops(torch.bfloat16)}
+    ceiling = measure_ceiling()
     print(f"matmul ceiling: {ceiling}", flush=True)
+    if args.checkpoints:
+        steps = args.max_steps or (CHECKPOINT_STEPS if args.mode == "short" else None)
+        compare_checkpoints(args.checkpoints, steps, ceiling, args.out_dir)
+        return
+    max_steps = SHORT_STEPS if args.mode == "short" else None
     results = {way: run_way(way, max_steps) for way in args.ways}
     base = results.get("course_loop")
     records = []
@@ -349,7 +443,8 @@ def main() -> None:
             record["train_gflops"] = flops / r["train_seconds"] / 1e9
             record["train_tflops"] = flops / 1e12
             record["fraction_of_fp32_ceiling"] = record["train_gflops"] / ceiling["fp32_gflops"]
-            record["fraction_of_bf16_ceiling"] = record["train_gflops"] / ceiling["bf16_gflops"]
+            record["fraction_of_bf16_ceiling"] = (record["train_gflops"] / ceiling["bf16_gflops"]
+                                                  if ceiling["bf16_gflops"] else None)
         records.append(record)
     suffix = "" if args.mode == "full" else "-short"
     command = "python -m benchmarks.benchmark --mode " + args.mode + ("" if args.ways == WAYS else " --ways " + " ".join(args.ways))

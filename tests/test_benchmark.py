@@ -29,3 +29,16 @@ def test_a_misspelt_override_is_named(project):
     out = run(python("-m", "benchmarks.benchmark", "--way", "project", "--overrides", '{"train": {"batch_sise": 4}}'),
               project, ok=False)
     assert "benchmark overrides: train.batch_sise: Extra inputs are not permitted" in out
+
+
+def test_checkpoints_side_by_side_with_the_flop_ratio_of_their_shapes(project, tiny_checkpoint, tokenizer, tmp_path):
+    from tests.helpers import make_checkpoint
+
+    wider = make_checkpoint(tmp_path / "wider", tokenizer, hidden_size=64, intermediate_size=128)
+    run(python("-m", "benchmarks.benchmark", "--checkpoints", str(tiny_checkpoint), str(wider), "--max-steps", "2",
+               "--out-dir", str(tmp_path)), project)
+    records = json.loads((tmp_path / "checkpoints.json").read_text())["checkpoints"]
+    assert [r["hidden"] for r in records] == [32, 64] and all(r["steps"] == 2 for r in records)
+    assert records[0]["expected_flops_ratio"] == 1.0 and records[1]["expected_flops_ratio"] > 2
+    assert all(r["train_seconds"] > 0 and r["peak_rss_mb"] > 0 and r["settings"]["batch_size"] == 8 for r in records)
+    assert "| checkpoint | type | layers × hidden |" in (tmp_path / "CHECKPOINTS.md").read_text()
