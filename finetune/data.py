@@ -436,9 +436,10 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
     ``SWAPPED`` + the column name; ``finetune.batches.PairCollator`` picks one order per row.
 
     Returns:
-        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (BERT), ``attention_mask`` (each swapped too
-        with ``swapped``) and, in labeled splits, ``labels``; the text columns and idx are dropped (row order is
-        kept, so row i is raw row i).
+        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (where the tokenizer gives them: BERT,
+        ELECTRA, DeBERTa-v2; not RoBERTa, DistilBERT, MPNet), ``attention_mask`` (each swapped too with
+        ``swapped``) and, in labeled splits, ``labels``; the text columns and idx are dropped (row order is kept, so
+        row i is raw row i).
     """
 
     def encode(batch):

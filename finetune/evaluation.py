@@ -48,7 +48,8 @@ def with_predictions(table: pd.DataFrame, logits: torch.Tensor, task: Task) -> p
 
 def loss_of(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:
     """Summed loss of a batch: cross-entropy for classification, squared error for regression (what the model's
-    own loss averages: ``BertForSequenceClassification`` with ``problem_type``)."""
+    own loss averages: the family's ``*ForSequenceClassification`` or ``MeanPooledForSequenceClassification`` with
+    ``problem_type``)."""
     if task.is_regression:
         return torch.nn.functional.mse_loss(logits[:, 0], labels.float(), reduction="sum")
     return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")

@@ -1,71 +1,135 @@
 """The classifier: a checkpoint loaded with a head for the task's labels (or one output for regression).
 
-Two heads (``model.pooling``):
-- ``cls``: transformers' ``BertForSequenceClassification`` (and its kin): dropout and a linear layer on the pooler,
-  a tanh projection of the [CLS] vector, as in BERT (Devlin et al. 2019).
-- ``mean``: ``BertForMeanPooledClassification`` below: dropout and a linear layer on the mean of the last hidden
-  states over the real tokens. Sentence-transformers checkpoints such as all-MiniLM-L6-v2 were trained as
-  mean-pooled encoders (their ``1_Pooling/config.json``): their pooler and [CLS] vector were never trained, and
-  in all-MiniLM-L6-v2 the pooler is still at its random initialisation (Reimers & Gurevych 2019,
-  https://arxiv.org/abs/1908.10084).
+Any encoder family that transformers' ``AutoModel`` and ``AutoModelForSequenceClassification`` know works: BERT,
+RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2, MPNet and their kin, with or without ``token_type_ids``. Two heads
+(``model.pooling``):
+- ``cls``: the family's own ``*ForSequenceClassification`` (e.g. ``BertForSequenceClassification``): a head on the
+  first token's vector ([CLS] / <s>), through BERT's pooler (a tanh projection, Devlin et al. 2019) or the family's
+  own dense layer (RoBERTa, ELECTRA, MPNet: ``classifier.dense`` / ``classifier.out_proj``; DistilBERT:
+  ``pre_classifier`` / ``classifier``; DeBERTa-v2: ``pooler`` / ``classifier``).
+- ``mean``: ``MeanPooledForSequenceClassification`` below, for every family: dropout and a linear layer on the mean
+  of the last hidden states over the real tokens. Sentence-transformers checkpoints such as all-MiniLM-L6-v2 (BERT)
+  and all-mpnet-base-v2 (MPNet) were trained as mean-pooled encoders (their ``1_Pooling/config.json``): their pooler
+  and [CLS] vector were never trained, and in all-MiniLM-L6-v2 the pooler is still at its random initialisation
+  (Reimers & Gurevych 2019, https://arxiv.org/abs/1908.10084).
 
-Importing this module registers the ``mean`` head with transformers' Auto classes (model type
-``bert_mean_pooled``), so ``AutoModelForSequenceClassification.from_pretrained`` and
+Importing this module registers the ``mean`` head with transformers' Auto classes (model type ``mean_pooled``,
+``MeanPooledConfig``, which holds the encoder's own config as its ``encoder`` sub-config, the way
+``EncoderDecoderConfig`` holds its encoder), so ``AutoModelForSequenceClassification.from_pretrained`` and
 ``pipeline("text-classification", model="models/finetuned")`` load such a model once ``finetune.modeling`` is
 imported; no remote code is involved.
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, BertConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PreTrainedConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import SequenceClassifierOutput
-from transformers.models.bert.modeling_bert import BertModel, BertPreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from finetune.errors import CheckpointError
 from finetune.sources import check_checkpoint
 from finetune.tasks import Task
 
 
-class MeanPooledBertConfig(BertConfig):
-    """``BertConfig`` of a model with the mean-pooling head (its own model type, so the Auto classes find it)."""
+class MeanPooledConfig(PreTrainedConfig):
+    """Config of a model with the mean-pooling head: the task's labels (``num_labels``, ``id2label``,
+    ``problem_type``) and ``encoder``, the encoder's own config (e.g. a ``RobertaConfig``), saved inside config.json
+    with its model type. Its own model type, so the Auto classes find the head."""
 
-    model_type = "bert_mean_pooled"
+    model_type = "mean_pooled"
+    sub_configs_defaults = {"encoder": SubConfigSpec(config_class=AutoConfig, model_type="bert")}
+
+    encoder: PreTrainedConfig | dict | None = None
 
 
-class BertForMeanPooledClassification(BertPreTrainedModel):
-    """BERT with a classification (or regression) head on the masked mean of its last hidden states.
+def encoder_class(config: PreTrainedConfig) -> type[PreTrainedModel]:
+    """The ``AutoModel`` class (the bare encoder) of an encoder config, e.g. ``RobertaModel`` of a ``RobertaConfig``.
 
-    Weights: ``bert.*`` (a ``BertModel`` without pooler, loaded from any BERT checkpoint) and ``classifier.*``
-    (``Linear(hidden_size, num_labels)``, new). Loss as ``BertForSequenceClassification``: cross-entropy, or mean
-    squared error when ``config.problem_type == "regression"``.
+    Raises:
+        CheckpointError: transformers has no bare model of that type.
+    """
+    try:
+        return MODEL_MAPPING[type(config)]
+    except KeyError:
+        raise CheckpointError(f"model type {config.model_type!r} has no encoder (AutoModel) class in transformers; "
+                              "use a checkpoint of an encoder family such as BERT, RoBERTa or MPNet") from None
+
+
+def _head_dropout(config: PreTrainedConfig) -> float:
+    """The dropout before the head: the family's own classifier dropout if it sets one, else its hidden dropout
+    (``classifier_dropout``, DeBERTa's ``cls_dropout``, DistilBERT's ``seq_classif_dropout``, ``hidden_dropout_prob``,
+    DistilBERT's ``dropout``; 0.1 when it has none)."""
+    for name in ("classifier_dropout", "cls_dropout", "seq_classif_dropout", "hidden_dropout_prob", "dropout"):
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    return 0.1
+
+
+class MeanPooledForSequenceClassification(PreTrainedModel):
+    """Any encoder with a classification (or regression) head on the masked mean of its last hidden states.
+
+    Weights: the encoder under the family's own prefix (``bert.*``, ``roberta.*``, ``distilbert.*``, ``electra.*``,
+    ``deberta.*``, ``mpnet.*``: the names the family's ``*ForSequenceClassification`` gives it), an ``AutoModel`` of
+    ``config.encoder`` without its pooler where it has one, loaded from a bare encoder checkpoint, the family's
+    classifier or this class's own; and ``classifier.*`` (``Linear(hidden_size, num_labels)``, new). Loss as the
+    family's own head: cross-entropy, or mean squared error when ``config.problem_type == "regression"``.
     """
 
-    config_class = MeanPooledBertConfig
+    config_class = MeanPooledConfig
+    base_model_prefix = "encoder"  # replaced per instance by the family's prefix
+    _supports_flash_attn = True  # the encoder decides: the head has no attention of its own
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
 
-    def __init__(self, config: MeanPooledBertConfig):
+    def __init__(self, config: MeanPooledConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=False)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = torch.nn.Dropout(dropout)
-        self.classifier = torch.nn.Linear(config.hidden_size, config.num_labels)
+        family = encoder_class(config.encoder)
+        no_pooler = {"add_pooling_layer": False} if "add_pooling_layer" in inspect.signature(family).parameters else {}
+        self.base_model_prefix = family.base_model_prefix
+        setattr(self, self.base_model_prefix, AutoModel.from_config(config.encoder, **no_pooler))
+        # the model's config is the shared one, so that config changes (attention implementation) reach the encoder
+        config.encoder = self.base_model.config
+        self.takes_token_type_ids = "token_type_ids" in inspect.signature(self.base_model.forward).parameters
+        self.dropout = torch.nn.Dropout(_head_dropout(config.encoder))
+        self.classifier = torch.nn.Linear(config.encoder.hidden_size, config.num_labels)
         self.post_init()
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        """The head as the family's own: normal weights (std ``initializer_range``), zero bias; the encoder's
+        modules are initialised by the encoder's own ``_init_weights``."""
+        if module is self.classifier:
+            init.normal_(module.weight, mean=0.0, std=getattr(self.config.encoder, "initializer_range", 0.02))
+            init.zeros_(module.bias)
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.base_model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: torch.nn.Module) -> None:
+        self.base_model.set_input_embeddings(value)
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 **kwargs) -> SequenceClassifierOutput:
         """Logits ``[batch, num_labels]`` of token ids ``[batch, seq_len]``; the loss too when ``labels [batch]``
-        are given. Padding (``attention_mask`` 0) is left out of the mean."""
+        are given. Padding (``attention_mask`` 0) is left out of the mean. ``token_type_ids [batch, seq_len]`` go to
+        the encoder when its family takes them (not DistilBERT's, MPNet's)."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        hidden = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           return_dict=True, **kwargs).last_hidden_state  # [batch, seq_len, hidden]
+        if token_type_ids is not None and self.takes_token_type_ids:
+            kwargs["token_type_ids"] = token_type_ids
+        hidden = self.base_model(input_ids, attention_mask=attention_mask, return_dict=True,
+                                 **kwargs).last_hidden_state  # [batch, seq_len, hidden]
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # [batch, seq_len, 1]
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # [batch, hidden]
-        logits = self.classifier(self.dropout(pooled))
+        logits = self.classifier(self.dropout(pooled))  # [batch, num_labels]
         loss = None
         if labels is not None:
             if self.config.problem_type == "regression":
@@ -75,13 +139,8 @@ class BertForMeanPooledClassification(BertPreTrainedModel):
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
-AutoConfig.register(MeanPooledBertConfig.model_type, MeanPooledBertConfig)
-AutoModelForSequenceClassification.register(MeanPooledBertConfig, BertForMeanPooledClassification)
-
-
-def _bert_settings(config) -> dict:
-    """A BERT config's settings without its model type and architectures, to build a config of another type."""
-    return {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+AutoConfig.register(MeanPooledConfig.model_type, MeanPooledConfig)
+AutoModelForSequenceClassification.register(MeanPooledConfig, MeanPooledForSequenceClassification)
 
 
 def load_classifier(checkpoint_dir: str | Path, task: Task, pooling: str = "cls") -> PreTrainedModel:
@@ -93,26 +152,35 @@ def load_classifier(checkpoint_dir: str | Path, task: Task, pooling: str = "cls"
     any head, ``load_encoder``), so the head is freshly initialised, seeded by the caller's ``set_seed``; a folder
     with a head of another size (e.g. an MNLI model's 3 outputs) gets a new one too (``ignore_mismatched_sizes``).
 
-    ``pooling`` (``model.pooling``) picks the head: ``cls`` (the checkpoint's architecture, e.g.
-    ``BertForSequenceClassification``) or ``mean`` (``BertForMeanPooledClassification``, BERT checkpoints only).
+    ``pooling`` (``model.pooling``) picks the head: ``cls`` (the family's own, e.g. ``BertForSequenceClassification``
+    or ``RobertaForSequenceClassification``) or ``mean`` (``MeanPooledForSequenceClassification``), for a checkpoint of
+    any encoder family: a bare encoder, the family's own classifier or pretraining model, or a mean-pooled model.
 
     Raises:
-        CheckpointError: the folder lacks config, weights or tokenizer (``check_checkpoint``), or ``pooling`` is
-            ``mean`` and the checkpoint is not a BERT model.
+        CheckpointError: the folder lacks config, weights or tokenizer (``check_checkpoint``), its model type has no
+            encoder class, or a weight of the encoder is not in the checkpoint (it would start from random values).
     """
     check_checkpoint(checkpoint_dir)
     config = AutoConfig.from_pretrained(checkpoint_dir)
     head = {"num_labels": task.num_labels, "id2label": task.id2label,
             "label2id": {name: i for i, name in task.id2label.items()},
             "problem_type": "regression" if task.is_regression else "single_label_classification"}
-    if pooling == "cls":
-        return AutoModelForSequenceClassification.from_pretrained(checkpoint_dir, ignore_mismatched_sizes=True, **head)
-    if config.model_type not in ("bert", MeanPooledBertConfig.model_type):
-        raise CheckpointError(f"{checkpoint_dir}: model.pooling: mean needs a BERT checkpoint, this one is a "
-                              f"{config.model_type!r} model; use model.pooling: cls")
-    mean_config = MeanPooledBertConfig(**{**_bert_settings(config), **head})
-    return BertForMeanPooledClassification.from_pretrained(checkpoint_dir, config=mean_config,
-                                                           ignore_mismatched_sizes=True)
+    mean_pooled = config.model_type == MeanPooledConfig.model_type
+    if pooling == "cls" and not mean_pooled:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            checkpoint_dir, ignore_mismatched_sizes=True, output_loading_info=True, **head)
+    elif pooling == "cls":  # the encoder of a mean-pooled model, under the same prefix as in the family's classifier
+        encoder_config = config.encoder
+        for key, value in head.items():
+            setattr(encoder_config, key, value)
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            checkpoint_dir, config=encoder_config, ignore_mismatched_sizes=True, output_loading_info=True)
+    else:
+        mean_config = MeanPooledConfig(encoder=config.encoder if mean_pooled else config, **head)
+        model, info = MeanPooledForSequenceClassification.from_pretrained(
+            checkpoint_dir, config=mean_config, ignore_mismatched_sizes=True, output_loading_info=True)
+    _check_encoder_loaded(model, info, checkpoint_dir)
+    return model
 
 
 def load_encoder(checkpoint_dir: str | Path) -> PreTrainedModel:
@@ -120,18 +188,39 @@ def load_encoder(checkpoint_dir: str | Path) -> PreTrainedModel:
     ``models/pretrained``, so that any checkpoint, a model fine-tuned by this pipeline included (intermediate
     training, STILTs), starts the next run the same way.
 
-    A ``bert_mean_pooled`` model (``model.pooling: mean``) becomes a plain ``BertModel`` without a pooler, so the next
-    run may use either head.
+    A checkpoint with the family's head (e.g. ``RobertaForSequenceClassification``) becomes the family's
+    ``AutoModel`` (``RobertaModel``); a ``mean_pooled`` model (``model.pooling: mean``) becomes the ``AutoModel`` of its
+    ``encoder`` config without a pooler; so the next run may use either head.
 
     Raises:
-        CheckpointError: the folder lacks config, weights or tokenizer.
+        CheckpointError: the folder lacks config, weights or tokenizer, its model type has no encoder class, or a
+            weight of the encoder is not in the checkpoint.
     """
     check_checkpoint(checkpoint_dir)
     config = AutoConfig.from_pretrained(checkpoint_dir)
-    if config.model_type != MeanPooledBertConfig.model_type:
-        return AutoModel.from_pretrained(checkpoint_dir)
-    return BertModel.from_pretrained(checkpoint_dir, config=BertConfig(**_bert_settings(config)),
-                                     add_pooling_layer=False)
+    if config.model_type == MeanPooledConfig.model_type:
+        model, info = MeanPooledForSequenceClassification.from_pretrained(checkpoint_dir, output_loading_info=True)
+    else:
+        encoder_class(config)  # a clear error for a model type without an encoder
+        model, info = AutoModel.from_pretrained(checkpoint_dir, output_loading_info=True)
+    _check_encoder_loaded(model, info, checkpoint_dir)
+    return model.base_model
+
+
+def _check_encoder_loaded(model: PreTrainedModel, info: dict, checkpoint_dir: str | Path) -> None:
+    """Every weight of ``model``'s encoder came from the checkpoint: only the head (and a pooler, which a
+    checkpoint may lack) may be new.
+
+    Raises:
+        CheckpointError: naming the first missing or resized weights.
+    """
+    prefix = f"{model.base_model_prefix}." if model.base_model is not model else ""
+    new = sorted(info["missing_keys"] | {key for key, *_ in info["mismatched_keys"]})
+    encoder = [key for key in new if key.startswith(prefix) and ".pooler." not in f".{key}"]
+    if encoder:
+        raise CheckpointError(f"{checkpoint_dir}: {len(encoder)} weight(s) of the "
+                              f"{model.base_model.config.model_type!r} encoder are not in the checkpoint or have "
+                              f"another shape, e.g. {encoder[:3]}; its weights do not fit its config.json")
 
 
 def load_finetuned(model_dir: str | Path) -> PreTrainedModel:

@@ -89,7 +89,7 @@ class DataParams(_Section):
 
 class ModelParams(_Section):
     checkpoint: str = Field(min_length=1)
-    pooling: Literal["cls", "mean"]  # the head's input: the pooled [CLS] vector or the mean of the last hidden states
+    pooling: Literal["cls", "mean"]  # the head's input: the first token's vector ([CLS], <s>) or the tokens' mean
 
 
 class TokenizeParams(_Section):

@@ -1,5 +1,6 @@
-"""The test toolkit: tiny data, a tiny random BERT with the real tokenizer, tiny params taken from params.yaml,
-a tiny-project builder, a Hub-layout writer and one subprocess runner. Fixtures in conftest.py wrap them."""
+"""The test toolkit: tiny data, a tiny random BERT with the real tokenizer, a tiny random model of each encoder
+family with a tokenizer of its class trained on MRPC, tiny params taken from params.yaml, a tiny-project builder, a
+Hub-layout writer and one subprocess runner. Fixtures in conftest.py wrap them."""
 
 from __future__ import annotations
 
@@ -81,6 +82,50 @@ def make_checkpoint(folder: Path, tokenizer, **config) -> Path:
     settings = dict(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                     intermediate_size=64, max_position_embeddings=512)
     BertModel(BertConfig(**{**settings, **config})).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# The six encoder families of issue 19: the tokenizer class (trained here on MRPC sentences) and the config
+# settings a family names its own way, on top of TINY_ENCODER.
+FAMILIES = {
+    "bert": {"tokenizer": "BertTokenizer", "config": {}},
+    "roberta": {"tokenizer": "RobertaTokenizer", "config": {}},
+    "distilbert": {"tokenizer": "DistilBertTokenizer", "config": {"hidden_dim": 64}},
+    "electra": {"tokenizer": "ElectraTokenizer", "config": {"embedding_size": 16}},  # projected to hidden_size
+    "deberta-v2": {"tokenizer": "DebertaV2Tokenizer",  # relative attention as in DeBERTa-v3
+                   "config": {"relative_attention": True, "position_buckets": 16, "pos_att_type": ["p2c", "c2p"],
+                              "norm_rel_ebd": "layer_norm"}},
+    "mpnet": {"tokenizer": "MPNetTokenizer", "config": {}},
+}
+TINY_ENCODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    max_position_embeddings=514)
+
+
+def mrpc_sentences(rows: int = 300) -> list[str]:
+    """Both sentences of the first ``rows`` rows of MRPC's train split from the local copy (params.yaml
+    data.local_copy), or of the tiny made-up data when there is no local copy."""
+    import pandas as pd
+
+    local_copy = yaml.safe_load((REPO / "params.yaml").read_text())["data"]["local_copy"]
+    file = REPO / local_copy / "mrpc" / "train-00000-of-00001.parquet" if local_copy else None
+    df = pd.read_parquet(file).head(rows) if file and file.is_file() else make_split(rows, seed=0).to_pandas()
+    return [*df["sentence1"], *df["sentence2"]]
+
+
+def make_family_checkpoint(folder: Path, family: str, vocab_size: int = 400) -> Path:
+    """A random 2-layer ``family`` encoder (hidden 32, no head) saved with a tokenizer of the family's class, trained
+    on MRPC sentences (``vocab_size`` tokens, the family's special tokens, at most 128 tokens), into ``folder``."""
+    import torch
+    import transformers
+
+    base = getattr(transformers, FAMILIES[family]["tokenizer"])()  # the family's pipeline, special tokens
+    tokenizer = base.train_new_from_iterator(mrpc_sentences(), vocab_size=vocab_size)
+    tokenizer.model_max_length = 128
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(family, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                               **TINY_ENCODER, **FAMILIES[family]["config"])
+    transformers.AutoModel.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

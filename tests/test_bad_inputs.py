@@ -235,6 +235,10 @@ def _load_classifier(folder: Path, tmp_path: Path) -> None:
     load_classifier(folder, MRPC)
 
 
+def _load_mean_classifier(folder: Path, tmp_path: Path) -> None:
+    load_classifier(folder, MRPC, pooling="mean")
+
+
 def _download_checkpoint(folder: Path, tmp_path: Path) -> None:
     download_checkpoint(str(folder), tmp_path / "pretrained")
 
@@ -260,6 +264,21 @@ def test_bad_checkpoint_folder_is_named(checkpoint_copy, tmp_path, load, remove,
     with pytest.raises(CheckpointError) as err:
         load(checkpoint_copy, tmp_path)
     assert str(err.value) in (f"{checkpoint_copy}: {message}", f"{checkpoint_copy.resolve()}: {message}")
+    _assert_nothing_written(tmp_path / "pretrained")
+
+
+@pytest.mark.parametrize("load", [_load_classifier, _load_mean_classifier, _download_checkpoint],
+                         ids=["load_classifier", "load_classifier-mean", "download_checkpoint"])
+def test_a_checkpoint_lacking_an_encoder_weight_is_refused(checkpoint_copy, tmp_path, load):
+    # transformers would start the missing weight from random values and only warn
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(checkpoint_copy / "model.safetensors")
+    del weights["encoder.layer.1.output.dense.weight"]
+    save_file(weights, checkpoint_copy / "model.safetensors", metadata={"format": "pt"})
+    message = r"1 weight\(s\) of the 'bert' encoder are not in the checkpoint or have another shape, e.g. \['"
+    with pytest.raises(CheckpointError, match=message + r"(bert\.)?encoder.layer.1.output.dense.weight'\]"):
+        load(checkpoint_copy, tmp_path)
     _assert_nothing_written(tmp_path / "pretrained")
 
 

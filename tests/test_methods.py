@@ -17,7 +17,7 @@ from transformers import AutoModelForSequenceClassification, pipeline
 from finetune.batches import evaluation_loaders, make_collator
 from finetune.errors import ParamsError
 from finetune.evaluation import average_orders, evaluate_split, load_metric, split_logits
-from finetune.modeling import BertForMeanPooledClassification, load_classifier
+from finetune.modeling import MeanPooledForSequenceClassification, load_classifier
 from finetune.optim import layer_learning_rates, make_optimizer
 from finetune.tasks import glue_task
 from finetune.training import train
@@ -103,7 +103,7 @@ def test_evaluate_split_over_both_orders_is_their_average(tiny_checkpoint, tiny_
 
 def test_mean_pooling_head_averages_real_tokens_only(tiny_checkpoint, tokenizer):
     model = load_classifier(tiny_checkpoint, MRPC, pooling="mean").eval()
-    assert isinstance(model, BertForMeanPooledClassification) and model.config.num_labels == 2
+    assert isinstance(model, MeanPooledForSequenceClassification) and model.config.num_labels == 2
     short = tokenizer(["A cat sat."], ["A cat sat down."], return_tensors="pt")
     padded = tokenizer(["A cat sat."], ["A cat sat down."], return_tensors="pt", padding="max_length", max_length=24)
     with torch.no_grad():
@@ -150,12 +150,13 @@ def test_train_and_evaluate_with_mean_pooling_and_swapped_pairs(tiny_raw, tiny_c
     metrics = train(params, paths)
     reset_accelerate()
     config = json.loads((paths.finetuned / "config.json").read_text())
-    assert config["model_type"] == "bert_mean_pooled" and config["swap_pairs"] is True
+    assert config["model_type"] == "mean_pooled" and config["encoder"]["model_type"] == "bert"
+    assert config["swap_pairs"] is True
     assert metrics["steps"] == 10  # swapping changes the order of the texts, not the number of steps
     results = evaluate_model(params, paths)
     assert set(results) == {"validation", "test"} and 0 <= results["validation"]["accuracy"] <= 1
     model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
-    assert isinstance(model, BertForMeanPooledClassification)
+    assert isinstance(model, MeanPooledForSequenceClassification)
     classify = pipeline("text-classification", model=str(paths.finetuned))
     [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected."}])
     assert result["label"] in {"not_equivalent", "equivalent"}

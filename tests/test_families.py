@@ -1,0 +1,190 @@
+"""Issue 19: any encoder family, both heads. A tiny random model of each of six families (BERT, RoBERTa, DistilBERT,
+ELECTRA, DeBERTa-v2, MPNet) with a real tokenizer of the family's class, trained here on MRPC sentences, goes
+through tokenize, train, evaluate, save, ``pipeline("text-classification")``, ``tools.predict`` and reuse as the next
+run's checkpoint (intermediate training), with the ``cls`` and the ``mean`` head."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+from finetune.batches import make_collator
+from finetune.errors import CheckpointError, ParamsError
+from finetune.modeling import MeanPooledForSequenceClassification, encoder_class, load_classifier
+from finetune.optim import layer_learning_rates
+from finetune.tasks import glue_task
+from finetune.training import train
+from stages.collate_check import check_all
+from stages.download import download_checkpoint
+from stages.evaluate import evaluate_model
+from tests.helpers import FAMILIES, make_family_checkpoint, make_project, make_raw, reset_accelerate, tiny_params
+from tools.predict import predict
+
+MRPC = glue_task("mrpc")
+TOKEN_TYPES = {"bert", "electra", "deberta-v2"}  # the families whose tokenizer gives token_type_ids
+HEADS = {"bert": ["classifier"], "roberta": ["classifier.dense", "classifier.out_proj"],
+         "distilbert": ["pre_classifier", "classifier"], "electra": ["classifier.dense", "classifier.out_proj"],
+         "deberta-v2": ["pooler.dense", "classifier"], "mpnet": ["classifier.dense", "classifier.out_proj"]}
+# weights of the encoder outside its layers that layer-wise decay puts with the embeddings
+SHARED = {"bert": [], "roberta": [], "distilbert": [], "electra": ["embeddings_project.weight"],
+          "deberta-v2": ["encoder.rel_embeddings.weight", "encoder.LayerNorm.weight"],
+          "mpnet": ["encoder.relative_attention_bias.weight"]}
+POOLINGS = ["cls", "mean"]
+
+
+@pytest.fixture(scope="session")
+def family_checkpoint(tmp_path_factory):
+    """A function: family -> the folder of its tiny random encoder and tokenizer, built once per session."""
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            built[family] = make_family_checkpoint(tmp_path_factory.mktemp(family), family)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def small_raw():
+    """16 train, 8 validation and 8 test sentence pairs."""
+    return make_raw(train=16, validation=8, test=8)
+
+
+def _batch(tokenizer) -> dict:
+    """Three pairs of different lengths, collated as in training (padded)."""
+    pairs = [("The court rejected the appeal.", "The appeal was rejected."),
+             ("Shares fell.", "The company reported higher profits on Tuesday."),
+             ("Police arrested two men.", "Two men were arrested by police.")]
+    return make_collator(tokenizer)([tokenizer(s1, s2) for s1, s2 in pairs])
+
+
+def _encoder_prefix(model) -> str:
+    return model.base_model_prefix + "."
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_tokenizer_is_the_familys(family_checkpoint, family):
+    tokenizer = AutoTokenizer.from_pretrained(family_checkpoint(family))
+    assert type(tokenizer) is getattr(transformers, FAMILIES[family]["tokenizer"])
+    encoded = tokenizer("The court rejected the appeal.", "The appeal was rejected.")
+    assert ("token_type_ids" in encoded) is (family in TOKEN_TYPES)
+    assert encoded["input_ids"][0] == tokenizer.cls_token_id and encoded["input_ids"][-1] == tokenizer.sep_token_id
+    assert tokenizer.unk_token_id not in encoded["input_ids"]  # a vocabulary of MRPC's words
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_both_heads_start_from_every_encoder_weight(family_checkpoint, family, pooling):
+    folder = family_checkpoint(family)
+    encoder = AutoModel.from_pretrained(folder).state_dict()
+    model = load_classifier(folder, MRPC, pooling).eval()
+    prefix = _encoder_prefix(model)
+    loaded = {name.removeprefix(prefix): w for name, w in model.state_dict().items() if name.startswith(prefix)}
+    assert set(loaded) <= set(encoder) and {name for name in encoder if not name.startswith("pooler.")} <= set(loaded)
+    assert not (pooling == "mean" and any(name.startswith("pooler.") for name in loaded))  # mean: no pooler
+    assert all(torch.equal(w, encoder[name]) for name, w in loaded.items())  # none left at a new random value
+    head = {name.rsplit(".", 1)[0] for name, _ in model.named_parameters() if not name.startswith(prefix)}
+    assert head == set(HEADS[family] if pooling == "cls" else ["classifier"])
+    if pooling == "mean":  # dropout + linear on the masked mean; token_type_ids only to a family that takes them
+        assert isinstance(model, MeanPooledForSequenceClassification) and model.config.encoder.model_type == family
+        batch = _batch(AutoTokenizer.from_pretrained(folder))
+        with torch.no_grad():
+            logits = model(**batch).logits
+            inputs = {k: v for k, v in batch.items() if k != "token_type_ids" or model.takes_token_type_ids}
+            hidden = model.base_model(**inputs).last_hidden_state  # [batch, seq_len, hidden]
+            mask = batch["attention_mask"].unsqueeze(-1).float()
+            torch.testing.assert_close(logits, model.classifier((hidden * mask).sum(1) / mask.sum(1)))
+            types = {"token_type_ids": torch.ones_like(batch["input_ids"])}
+            changed = model(**{**batch, **types}).logits
+        assert model.takes_token_type_ids is (family not in ("distilbert", "mpnet"))
+        if family in ("distilbert", "mpnet"):  # given anyway, they are left out
+            torch.testing.assert_close(changed, logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layer_lr_decay_finds_the_layers_of_every_family(family_checkpoint, family):
+    for pooling in POOLINGS:
+        model = load_classifier(family_checkpoint(family), MRPC, pooling)  # 2 layers
+        prefix = _encoder_prefix(model)
+        rates = layer_learning_rates(model, 1e-3, 0.5)
+        layer = {0: [], 1: []}
+        for name, rate in rates.items():
+            inner = name.removeprefix(prefix)
+            if ".layer.0." in f".{inner}" or ".layer.1." in f".{inner}":
+                layer[int(inner.split(".layer.")[1][0])].append(rate)
+            elif name.startswith(prefix) and ".pooler." not in f".{inner}":  # embeddings and shared tables
+                assert rate == pytest.approx(1.25e-4), name
+            else:  # the head, a pooler
+                assert rate == 1e-3, name
+        assert len(layer[0]) == len(layer[1]) > 0
+        assert layer[1] == pytest.approx([5e-4] * len(layer[1])) and layer[0] == pytest.approx([2.5e-4] * len(layer[0]))
+        for name in SHARED[family]:
+            assert rates[prefix + name] == pytest.approx(1.25e-4), name
+
+
+def test_layer_lr_decay_names_a_model_whose_layers_it_cannot_find():
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    model = AlbertForSequenceClassification(AlbertConfig(vocab_size=50, embedding_size=16, hidden_size=32,
+                                                         num_hidden_layers=2, num_attention_heads=2,
+                                                         intermediate_size=64))  # one layer shared by all
+    with pytest.raises(ParamsError, match="no encoder layers found in this 'albert' model"):
+        layer_learning_rates(model, 1e-3, 0.8)
+    assert set(layer_learning_rates(model, 1e-3, 1.0).values()) == {1e-3}
+
+
+def test_a_model_type_without_an_encoder_class_is_named():
+    from transformers import PreTrainedConfig
+
+    class NoEncoderConfig(PreTrainedConfig):
+        model_type = "no_encoder"
+
+    with pytest.raises(CheckpointError, match="model type 'no_encoder' has no encoder"):
+        encoder_class(NoEncoderConfig())
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_trains_evaluates_predicts_and_is_reused(family_checkpoint, small_raw, tmp_path, family, pooling):
+    # the pipeline's own tokenize (make_project runs the tokenize stage's tokenize_splits), batch checks, training
+    # loop with layer-wise decay, evaluation and saving
+    params = tiny_params(model={"pooling": pooling}, train={"max_steps": 2, "layer_lr_decay": 0.8})
+    paths = make_project(tmp_path / "first", params, small_raw, family_checkpoint(family))
+    assert check_all(params, paths)["forward"]["logits_shape"][1] == 2
+    assert train(params, paths)["steps"] == 2
+    reset_accelerate()
+    results = evaluate_model(params, paths)
+    assert set(results) == {"validation", "test"} and 0 <= results["validation"]["accuracy"] <= 1
+    config = json.loads((paths.finetuned / "config.json").read_text())
+    assert (config["model_type"], config.get("encoder", {}).get("model_type")) == \
+        ((family, None) if pooling == "cls" else ("mean_pooled", family))
+    # the saved folder as it is: transformers' pipeline, tools.predict
+    classify = pipeline("text-classification", model=str(paths.finetuned))
+    [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected."}])
+    assert result["label"] in MRPC.label_names
+    new = tmp_path / "new.csv"
+    small_raw["validation"].to_pandas()[["sentence1", "sentence2"]].to_csv(new, index=False)
+    scored, evaluated = predict(new, paths.finetuned, batch_size=4), pd.read_csv(paths.predictions / "validation.csv")
+    np.testing.assert_allclose(scored["probability_equivalent"], evaluated["probability_equivalent"], atol=2e-5)
+    # intermediate training: the download stage keeps the encoder, the next run gets a new head for its task
+    trained_model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
+    prefix, trained = _encoder_prefix(trained_model), trained_model.state_dict()
+    pretrained = tmp_path / "second" / "models" / "pretrained"
+    assert download_checkpoint(str(paths.finetuned), pretrained)["model_type"] == family
+    encoder = load_file(pretrained / "model.safetensors")
+    assert {prefix + name for name in encoder} >= {name for name in trained if name.startswith(prefix)}
+    assert all(torch.equal(w, trained[prefix + name]) for name, w in encoder.items() if prefix + name in trained)
+    for next_pooling in POOLINGS:
+        model = load_classifier(pretrained, glue_task("rte"), pooling=next_pooling)
+        weights = model.state_dict()
+        assert all(torch.equal(weights[prefix + name], w) for name, w in encoder.items() if prefix + name in weights)
+        head = [name for name in weights if not name.startswith(prefix) and name.endswith("weight")]
+        assert head and not any(name in trained and torch.equal(weights[name], trained[name]) for name in head)
