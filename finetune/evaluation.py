@@ -111,9 +111,11 @@ def evaluate_split(model: PreTrainedModel, dataloaders: list[DataLoader], accele
     if metric is None:
         return {}, logits
     loss = loss_of(logits, labels, task).item() / labels.numel()
-    return {"loss": loss, **metric.compute(predictions=predictions_of(logits, task), references=labels,
-                                           **_metric_options(task))}, logits
+    return {"loss": loss, **score(metric, task, predictions_of(logits, task), labels)}, logits
 
 
-def _metric_options(task: Task) -> dict:
-    return {"pos_label": task.positive_label} if task.metric_config == "binary" else {}
+def score(metric: evaluate.EvaluationModule, task: Task, predictions, references) -> dict[str, float]:
+    """The task's metrics of ``predictions`` against ``references`` (both ``[examples]``: class ids, or scores for
+    regression); binary own data scores the F1 of ``task.positive_label``."""
+    options = {"pos_label": task.positive_label} if task.metric_config == "binary" else {}
+    return metric.compute(predictions=predictions, references=references, **options)

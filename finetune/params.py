@@ -42,7 +42,8 @@ class DataParams(_Section):
     dataset: str | None = Field(min_length=1)  # Hub id or folder laid out like a Hub dataset (null: data.files)
     config: str | None = Field(min_length=1)  # the dataset's config, e.g. a GLUE task
     local_copy: str | None  # a folder laid out like ``dataset``, used when the Hub can't be reached
-    files: dict[Split, str] | None  # own data: a file per split under data/own (csv, tsv, json, jsonl, parquet)
+    # own data: a file per split under data/own (csv, tsv, json, jsonl, parquet); a split set to null has no file
+    files: dict[Split, str | None] | None
     text_columns: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=1, max_length=2)
     label_column: str = Field(min_length=1)
     label_names: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=2)  # class names in id order
@@ -57,6 +58,13 @@ class DataParams(_Section):
     def glue_task(self) -> str | None:
         """The GLUE task these params load, or None for other data (own files, other datasets and configs)."""
         return self.config if self.files is None and self.config in GLUE_TASKS else None
+
+    @field_validator("files")
+    @classmethod
+    def _null_is_no_split(cls, files: dict | None) -> dict | None:
+        # `dvc exp run -S 'data.files={...}'` merges into the mapping in params.yaml, keeping its other splits;
+        # `-S data.files.test=null` drops one (README, "Any GLUE task or your own data").
+        return None if files is None else {split: file for split, file in files.items() if file is not None}
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataParams":

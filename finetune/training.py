@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from finetune.batches import PairCollator, evaluation_loaders, make_collator, train_dataloader
+from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
 from finetune.errors import ParamsError
-from finetune.evaluation import evaluate_split, load_metric
+from finetune.evaluation import evaluate_split, load_metric, predictions_of
 from finetune.live import TrainLog
 from finetune.data import SWAPPED
 from finetune.modeling import load_classifier
@@ -86,6 +87,7 @@ class Run:
     fingerprint: str
     mixed_precision: str
     parameters: int
+    baseline: dict  # the constant model of train's labels on validation (finetune.collapse.constant_baseline)
     resumed_from: int = 0  # the epoch a resumed run continued after (0: a fresh run)
     compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
 
@@ -163,8 +165,10 @@ def build_run(params: Params, paths: Paths) -> Run:
              p.scheduler, schedule.warmup_steps, params.model.pooling,
              "pairs in both orders" if p.swap_pairs else "pairs as given", threads)
     fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes)
+    baseline = constant_baseline(task, load_metric(task), tokenized["train"]["labels"],
+                                 tokenized["validation"]["labels"])
     return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dls,
-               batch_order, train_collator, schedule, fingerprint, mixed_precision, parameters)
+               batch_order, train_collator, schedule, fingerprint, mixed_precision, parameters, baseline)
 
 
 def check_swap_pairs(p: TrainParams, task: Task, train_columns: list[str]) -> None:
@@ -249,20 +253,23 @@ def train_epoch(run: Run, state: RunState, logs: TrainLog, progress: tqdm) -> li
 
 def end_of_epoch(run: Run, state: RunState, stopping: EarlyStopping, step_losses: list[float], logs: TrainLog,
                  paths: Paths) -> None:
-    """Validate, log the epoch, keep the model if it is the best so far (or every epoch without ``keep_best``),
-    and checkpoint the run."""
-    p = run.p
-    validation, _ = evaluate_split(run.model, run.val_dls, run.accelerator, run.task, load_metric(run.task),
-                                   desc="validation")
+    """Validate (with the collapse check: a WARNING when the model does not beat the constant baseline), log the
+    epoch, keep the model if it is the best so far (or every epoch without ``keep_best``), and checkpoint the run."""
+    p, main = run.p, run.task.metrics[0]
+    validation, logits = evaluate_split(run.model, run.val_dls, run.accelerator, run.task, load_metric(run.task),
+                                        desc="validation")
     entry = {"epoch": state.epoch, "train/loss": sum(step_losses) / len(step_losses),
              **{f"validation/{name}": value for name, value in validation.items()}}
     state.epoch_logs.append(entry)
     improved = stopping.update(validation[run.metric_for_best], state.epoch)
     state.stopping = asdict(stopping)
-    log.info("Epoch %d/%d: train loss %.4f | validation %s%s", state.epoch, run.schedule.epochs, entry["train/loss"],
-             ", ".join(f"{name} {value:.4f}" for name, value in validation.items()),
+    scores = ", ".join(f"{name} {value:.4f}" for name, value in validation.items())
+    log.info("Epoch %d/%d: train loss %.4f | validation %s (constant baseline: %s %.4f)%s", state.epoch,
+             run.schedule.epochs, entry["train/loss"], scores, main, run.baseline[main],
              f" | best {run.metric_for_best} so far" if improved else
              f" | no improvement for {stopping.bad_epochs} epoch(s)")
+    report = collapse_check(run.task, validation, predictions_of(logits, run.task), run.baseline)
+    warn_if_collapsed(f"validation, epoch {state.epoch}", run.task, validation, report)
     logs.log_epoch(entry)
     if improved or not p.keep_best:
         save_model(run.accelerator, run.model, run.tokenizer, run.task, paths.checkpoints / "best")
@@ -302,7 +309,9 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
     seen), ``train_seconds`` (wall seconds of the optimisation steps, validation excluded), ``samples_per_second``
     (train samples/s), ``wall_seconds`` (the whole call: loading, training, validation, saving), ``peak_memory_mb``
     (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``), ``parameters``, ``padding_fraction`` (padding / all tokens
-    of the training batches), ``real_tokens``, ``mixed_precision`` and, with ``torch_compile``, ``compile_seconds``.
+    of the training batches), ``real_tokens``, ``mixed_precision``, ``validation_baseline`` (the constant model of
+    train's labels scored on validation: ``finetune.collapse.constant_baseline``) and, with ``torch_compile``,
+    ``compile_seconds``.
     """
     p = run.p
     kept = next(e for e in state.epoch_logs if e["epoch"] == stopping.best_epoch) if p.keep_best else \
@@ -325,6 +334,7 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
         "padding_fraction": round(1 - state.real_tokens / state.padded_tokens, 4),
         "real_tokens": state.real_tokens,
         "mixed_precision": run.mixed_precision,
+        "validation_baseline": run.baseline,
     }
     if run.compile_seconds is not None:
         metrics["compile_seconds"] = round(run.compile_seconds, 1)

@@ -1,9 +1,10 @@
 """Stage 5, evaluate: the task's metrics of the fine-tuned model on validation and test (where they exist and
 have labels), with predictions for every split.
 
-Writes metrics/eval.json ``{"validation": {"loss", <the task's metrics>, "examples"}, "test": {...}}`` (one shape
-per task, e.g. MRPC: accuracy and F1), data/predictions/<split>.csv (see ``prediction_table``) and, per labeled
-split, DVCLive's plots under dvclive/evaluate/plots/ (``finetune.live.log_plots``).
+Writes metrics/eval.json ``{"validation": {"loss", <the task's metrics>, "examples", "baseline", "most_predicted",
+"collapsed"}, "test": {...}}`` (one shape per task, e.g. MRPC: accuracy and F1; the last three are the collapse
+check, ``finetune.collapse``), data/predictions/<split>.csv (see ``prediction_table``) and, per labeled split,
+DVCLive's plots under dvclive/evaluate/plots/ (``finetune.live.log_plots``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from datasets import Dataset, load_from_disk
 from transformers import AutoTokenizer
 
 from finetune.batches import evaluation_loaders
+from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
 from finetune.data import is_labeled, present_splits
-from finetune.evaluation import evaluate_split, load_metric, with_predictions
+from finetune.evaluation import evaluate_split, load_metric, predictions_of, with_predictions
 from finetune.live import log_plots, open_live
 from finetune.modeling import load_finetuned, trained_on_both_orders
 from finetune.params import Params, Paths, load_params
@@ -46,8 +48,9 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
     into ``paths.predictions`` and each labeled split's plots into ``paths.eval_logs``.
 
     Returns:
-        ``{split: {"loss", <the task's metrics>, "examples"}}`` for each labeled split (an unlabeled split only
-        gets its predictions file and ``{"examples": n}``).
+        ``{split: {"loss", <the task's metrics>, "examples", <the collapse check>}}`` for each labeled split (the
+        check: ``finetune.collapse.collapse_check`` against the constant model of train's labels, with a WARNING
+        when collapsed); an unlabeled split only gets its predictions file and ``{"examples": n}``.
     """
     p = params.evaluate
     set_cpu_threads(None)
@@ -65,14 +68,19 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
         for split in present_splits(p.splits, tokenized):
             labeled = is_labeled(tokenized[split])
             dataloaders, order = evaluation_loaders(tokenized[split], tokenizer, p, both_orders)
+            metric = load_metric(task) if labeled else None
             metrics, logits = evaluate_split(model, [accelerator.prepare(dl) for dl in dataloaders], accelerator, task,
-                                             load_metric(task) if labeled else None, desc=split)
+                                             metric, desc=split)
             if order is not None:  # back to row order
                 logits = logits[np.argsort(order)]
             table = prediction_table(raw[split], logits, task)
             if main:
                 table.to_csv(tmp / f"{split}.csv", index=False)
             results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(table)}
+            if labeled:
+                baseline = constant_baseline(task, metric, tokenized["train"]["labels"], tokenized[split]["labels"])
+                results[split].update(collapse_check(task, metrics, predictions_of(logits, task), baseline))
+                warn_if_collapsed(split, task, metrics, results[split])
             if live is not None and labeled:
                 log_plots(live, split, task, table)
             log.info("%s: %s", split, results[split] if labeled else "no labels, predictions only")

@@ -130,6 +130,31 @@ def make_family_checkpoint(folder: Path, family: str, vocab_size: int = 400) -> 
     return folder
 
 
+def force_one_class(model, winner: int):
+    """``model`` (a BERT classifier, ``.classifier`` its linear head) made to predict class ``winner`` for every row: a
+    zero head whose bias puts ``winner`` 20 logits ahead. Returns ``model``."""
+    import torch
+
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(20.0 * torch.nn.functional.one_hot(torch.tensor(winner), model.num_labels))
+    return model
+
+
+def save_collapsed_model(paths: Paths, task, winner: int) -> Path:
+    """A "fine-tuned" model of ``task`` that predicts class ``winner`` for every row (``force_one_class`` of a new
+    head on ``paths.pretrained``), saved with the tokenizer and task.json to ``paths.finetuned`` as the train
+    stage saves one."""
+    from transformers import AutoTokenizer
+
+    from finetune.modeling import load_classifier
+
+    force_one_class(load_classifier(paths.pretrained, task), winner).save_pretrained(paths.finetuned)
+    AutoTokenizer.from_pretrained(paths.pretrained).save_pretrained(paths.finetuned)
+    task.save(paths.finetuned)
+    return paths.finetuned
+
+
 def tiny_params(**overrides: dict[str, Any]) -> Params:
     """params.yaml with the ``TINY`` settings and then ``overrides`` (``train={"epochs": 3}``), validated."""
     raw = yaml.safe_load((REPO / "params.yaml").read_text())

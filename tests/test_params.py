@@ -162,3 +162,25 @@ def test_overrides_are_validated_like_params_yaml():
     assert with_overrides(params, {"train": {"lr": 3e-5}}).train.lr == 3e-5
     with pytest.raises(ParamsError, match=r"^benchmark: train.batch_sise: Extra inputs are not permitted"):
         with_overrides(params, {"train": {"batch_sise": 8}}, source="benchmark")
+
+
+def test_set_param_merges_a_mapping_and_a_null_split_drops_one(tmp_path, monkeypatch):
+    # What `dvc exp run -S` does to params.yaml (dvc.utils.hydra.apply_overrides): a mapping is merged into the one
+    # there, so a split it does not name stays; `data.files.test=null` (or Hydra's `~data.files.test`) drops it.
+    from dvc.utils.hydra import apply_overrides
+
+    monkeypatch.chdir(REPO)  # train.accelerate_config is relative to the working directory
+    old = {"train": "data/own/a/train.csv", "validation": "data/own/a/dev.csv", "test": "data/own/a/test.csv"}
+    own = _with({"data.dataset": None, "data.config": None, "data.text_columns": ["text"], "data.files": old})
+    path = tmp_path / "params.yaml"
+    switch = "data.files={train: data/own/b/train.csv, validation: data/own/b/dev.csv}"
+    for more, test in (([], "data/own/a/test.csv"), (["data.files.test=null"], None), (["~data.files.test"], None)):
+        path.write_text(yaml.safe_dump(own))
+        apply_overrides(path, [switch, *more])
+        files = load_params(path).data.files
+        assert files == {"train": "data/own/b/train.csv", "validation": "data/own/b/dev.csv",
+                         **({"test": test} if test else {})}, more
+    own["data"]["files"] = {**old, "train": None}
+    path.write_text(yaml.safe_dump(own))
+    with pytest.raises(ParamsError, match=r"data: files: no train file \(got splits \['test', 'validation'\]\)"):
+        load_params(path)

@@ -131,7 +131,7 @@ def test_exp_run_switches_task_without_a_code_change(project, tmp_path):
     assert "Running stage 'download'" in out and "No test split in the data" in out
     evaluation = json.loads((root / "metrics/eval.json").read_text())
     assert list(evaluation) == ["validation"] and set(evaluation["validation"]) == {
-        "loss", "pearson", "spearmanr", "examples"}
+        "loss", "pearson", "spearmanr", "examples", "baseline", "collapsed"}
     assert "best_validation_pearson" in json.loads((root / "metrics/train.json").read_text())
     assert (root / "dvclive/evaluate/plots/custom/validation/scatter.json").is_file()
     assert not (root / "dvclive/evaluate/plots/sklearn").exists()
@@ -147,14 +147,43 @@ def test_exp_run_switches_task_without_a_code_change(project, tmp_path):
             "data.label_column=mood"), root)
     evaluation = json.loads((root / "metrics/eval.json").read_text())
     assert list(evaluation) == ["validation"] and set(evaluation["validation"]) == {
-        "loss", "accuracy", "macro_f1", "examples"}
+        "loss", "accuracy", "macro_f1", "examples", "baseline", "most_predicted", "collapsed"}
+    assert set(evaluation["validation"]["baseline"]) == {"class", "share", "accuracy", "macro_f1"}
     provenance = json.loads((root / "metrics/provenance.json").read_text())["dataset"]
     assert provenance["validation_carved"]["rows"] == 5 and provenance["task"]["label_names"] == [
         "negative", "neutral", "positive"]
     predictions = (root / "data/predictions/validation.csv").read_text().splitlines()
     assert predictions[0] == "idx,text,label,prediction,probability_negative,probability_neutral,probability_positive"
 
-    assert "macro_f1" in exp_show(root)["own"]["metrics"]["metrics/eval.json"]["data"]["validation"]
+    shown = exp_show(root)["own"]["metrics"]["metrics/eval.json"]["data"]["validation"]
+    assert "macro_f1" in shown and shown["baseline"] == evaluation["validation"]["baseline"]
+    run(["git", "checkout", "--", "."], root)
+    run(dvc("checkout"), root)
+
+
+def test_exp_run_switches_own_files_with_set_param_only(project):
+    # Own files with a test split, then others without one, by -S alone: -S merges a mapping into params.yaml's (its
+    # test entry would stay), and data.files.test=null drops it.
+    root = project
+    for name, (n, seed) in {"a/train": (32, 0), "a/dev": (12, 1), "a/test": (10, 2), "b/train": (32, 3),
+                            "b/dev": (12, 4)}.items():
+        write_own_file(own_frame("pair-2", n, seed), root / f"data/own/{name}.csv")
+    run(["git", "add", "data/own"], root)
+    run(["git", "commit", "-qm", "own files a and b"], root)
+    files_a = "data.files={train: data/own/a/train.csv, validation: data/own/a/dev.csv, test: data/own/a/test.csv}"
+    run(dvc("exp", "run", "--name", "own-a", "-S", "data.dataset=null", "-S", "data.config=null", "-S",
+            "data.text_columns=[question, answer]", "-S", "data.label_column=verdict", "-S", files_a), root)
+    assert list(json.loads((root / "metrics/eval.json").read_text())) == ["validation", "test"]
+
+    out = run(dvc("exp", "run", "--name", "own-b", "-S",
+                  "data.files={train: data/own/b/train.csv, validation: data/own/b/dev.csv}", "-S",
+                  "data.files.test=null"), root)
+    assert "No test split in the data" in out
+    assert yaml.safe_load((root / "params.yaml").read_text())["data"]["files"] == {
+        "train": "data/own/b/train.csv", "validation": "data/own/b/dev.csv", "test": None}
+    assert list(json.loads((root / "metrics/eval.json").read_text())) == ["validation"]
+    provenance = json.loads((root / "metrics/provenance.json").read_text())["dataset"]
+    assert set(provenance["splits"]) == {"train", "validation"} and provenance["validation_carved"] is None
     run(["git", "checkout", "--", "."], root)
     run(dvc("checkout"), root)
 

@@ -191,7 +191,13 @@ def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_ch
     reset_accelerate()
     results = evaluate_model(params, paths)
     reset_accelerate()
-    assert set(results["validation"]) == metrics | {"examples"} and set(results) == {"validation", "test"}
+    # The task's metrics, then the collapse check: the constant baseline scored by the same metrics, and for
+    # classification the most predicted class (finetune/collapse.py).
+    regression = kind == "pair-regression"
+    check = {"baseline", "collapsed"} | (set() if regression else {"most_predicted"})
+    assert set(results["validation"]) == metrics | {"examples"} | check and set(results) == {"validation", "test"}
+    about = {"mean"} if regression else {"class", "share"}
+    assert set(results["validation"]["baseline"]) == metrics - {"loss"} | about
 
     model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
     table = pd.read_csv(paths.predictions / "test.csv")
@@ -229,6 +235,48 @@ def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_ch
         probabilities = scored[[f"probability_{n}" for n in ("negative", "neutral", "positive")]].to_numpy()
         assert np.allclose(probabilities.sum(axis=1), 1, atol=1e-4)
         assert (scored["prediction"] == np.array(["negative", "neutral", "positive"])[probabilities.argmax(1)]).all()
+
+
+def test_three_class_own_data_is_held_to_the_collapse_check(project_root, tiny_checkpoint, caplog):
+    import logging
+    import shutil
+
+    from finetune.params import Paths
+    from finetune.tasks import Task
+    from tests.helpers import save_collapsed_model
+
+    for split, (n, seed) in {"train": (30, 0), "validation": (24, 1)}.items():
+        write_own_file(own_frame("single-3", n, seed), project_root / f"data/own/{split}.csv")
+    params = own_params({"train": "data/own/train.csv", "validation": "data/own/validation.csv"}, ["text"], "mood")
+    paths = Paths(project_root)
+    download_dataset(params.data, paths.raw)
+    shutil.copytree(tiny_checkpoint, paths.pretrained)
+    tokenize_splits(params, paths)
+    save_collapsed_model(paths, Task.load(paths.raw), winner=1)  # 'neutral' for every row
+    with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
+        result = evaluate_model(params, paths)["validation"]
+
+    counts = own_frame("single-3", 30, 0)["mood"].value_counts()
+    majority = min(counts[counts == counts.max()].index)  # ties: the lowest id, the first name in sorted order
+    share = float((own_frame("single-3", 24, 1)["mood"] == majority).mean())
+    assert result["baseline"] == {"class": majority, "share": round(share, 4), "accuracy": round(share, 4),
+                                  "macro_f1": round(2 * share / (1 + share) / 3, 4)}
+    assert result["most_predicted"] == {"class": "neutral", "share": 1.0} and result["collapsed"] is True
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "finetune.collapse"]
+    assert warning.startswith("validation: the model looks collapsed (one class for nearly every row, or no better "
+                              "than a constant model): it predicts 'neutral' for 100.0% of the rows; "
+                              f"macro_f1 {result['macro_f1']:.4f} against {result['baseline']['macro_f1']:.4f} by "
+                              f"always predicting train's majority class {majority!r} ({share:.1%} of the rows). Try ")
+
+
+def test_a_null_split_in_data_files_is_no_split(project_root):
+    # `dvc exp run -S data.files.test=null` drops the test file a merged -S mapping keeps (tests/test_params.py).
+    for split, seed in (("train", 0), ("validation", 1)):
+        write_own_file(own_frame("pair-2", 20, seed), project_root / f"data/own/{split}.csv")
+    files = {"train": "data/own/train.csv", "validation": "data/own/validation.csv", "test": None}
+    record = download_dataset(own_params(files, ["question", "answer"], "verdict").data, project_root / "data/raw")
+    assert list(load_from_disk(str(project_root / "data/raw"))) == ["train", "validation"]
+    assert set(record["splits"]) == {"train", "validation"}
 
 
 def test_metric_for_best_of_another_task_stops_train_with_the_choices(tiny_project):

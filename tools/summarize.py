@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads", "evaluate.splits"}
 RUN_METRICS = ["best_epoch", "epochs", "train_seconds", "wall_seconds"]
 PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.")
+# eval.json's collapse check (finetune/collapse.py): the constant baseline and the predictions' shape, not metrics
+CHECK_FIELDS = ("baseline.", "most_predicted.", "collapsed")
 
 
 def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None = None) -> pd.DataFrame:
@@ -51,11 +53,12 @@ def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None 
 
 def metric_columns(df: pd.DataFrame, with_test: bool = False) -> list[str]:
     """The task's metrics of the experiments (``validation.<metric>``, e.g. accuracy and F1 for MRPC, Pearson for
-    STS-B; with ``with_test`` also ``test.<metric>``; those none of them has are left out), then the run's cost and
-    length (``RUN_METRICS``)."""
+    STS-B; with ``with_test`` also ``test.<metric>``; those none of them has, and the collapse check, are left out),
+    then the run's cost and length (``RUN_METRICS``)."""
     splits = ("validation", "test") if with_test else ("validation",)
     found = [c for split in splits for c in df.columns
              if c.startswith(f"{split}.") and c.split(".", 1)[1] not in ("loss", "examples")
+             and not c.split(".", 1)[1].startswith(CHECK_FIELDS)
              and pd.to_numeric(df[c], errors="coerce").notna().any()]  # dvc writes a missing metric as 'None'
     return found + RUN_METRICS
 

@@ -1,0 +1,86 @@
+"""The collapse check: does the model beat a constant one?
+
+A model trained with another task's settings can end up predicting one class for every row (RTE and WNLI at MRPC's
+learning rate, issue 21) while every stage exits 0. The train stage checks validation after every epoch and the
+evaluate stage every labeled split: a WARNING in the log, and in metrics/eval.json the check beside the metrics.
+
+The baseline is what a trivial model learns from the train split: its majority class (ties: the lowest id), or for
+regression its mean score, predicted for every row of the evaluated split and scored by the task's own metric
+(``finetune.evaluation.score``, finetune/glue_metric.py), so it is right for every task. With ``p`` the share of
+that class in the evaluated split: accuracy ``p``; F1 of the positive class ``2p / (1 + p)`` when that class is the
+positive one, else 0; macro-F1 ``2p / (1 + p)`` over the number of classes in gold or prediction (scikit-learn's
+average); Matthews correlation 0, Pearson and Spearman 0 (a constant predictor's: scikit-learn's Matthews returns 0.0,
+glue_metric's correlations follow it); MSE the mean squared distance of the gold scores from train's mean.
+
+A split is ``collapsed`` when the task's main metric (its first, ``Task.metrics[0]``) is no better than the
+baseline's, at the 4 decimals written, or when one class is predicted for at least ``ONE_CLASS`` of the rows while
+train's majority class covers less than that of the gold rows (data that skewed may be predicted so rightly).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import evaluate
+import numpy as np
+
+from finetune.evaluation import score
+from finetune.tasks import LOWER_IS_BETTER, Task
+
+log = logging.getLogger(__name__)
+
+ONE_CLASS = 0.95  # the share of rows predicted as one class that counts as collapsed
+
+
+def constant_baseline(task: Task, metric: evaluate.EvaluationModule, train_labels, gold) -> dict:
+    """The constant model of ``train_labels`` (``[train examples]``) scored on ``gold`` (``[examples]``, the evaluated
+    split's labels, any order).
+
+    Returns:
+        classification ``{"class": <train's majority class name>, "share": <its share of gold>, <the task's metrics>}``;
+        regression ``{"mean": <train's mean score>, <the task's metrics>}``; values rounded to 4 decimals.
+    """
+    train_labels, gold = np.asarray(train_labels), np.asarray(gold)
+    if task.is_regression:
+        constant = float(train_labels.mean())
+        about = {"mean": round(constant, 4)}
+    else:
+        constant = int(np.bincount(train_labels, minlength=task.num_labels).argmax())
+        about = {"class": task.label_names[constant], "share": round(float(np.mean(gold == constant)), 4)}
+    scores = score(metric, task, np.full(len(gold), constant), gold)
+    return {**about, **{name: round(value, 4) for name, value in scores.items()}}
+
+
+def collapse_check(task: Task, metrics: dict, predictions, baseline: dict) -> dict:
+    """The check of one split: ``metrics`` (its task metrics), ``predictions`` (``[examples]``: class ids, or scores)
+    and its ``constant_baseline``.
+
+    Returns:
+        ``{"baseline": baseline, "most_predicted": {"class", "share"}, "collapsed": bool}`` (no ``most_predicted``
+        for regression); the rule is in the module's docstring.
+    """
+    report, one_class = {"baseline": baseline}, False
+    if not task.is_regression:
+        counts = np.bincount(np.asarray(predictions), minlength=task.num_labels)
+        share = float(counts.max() / counts.sum())
+        report["most_predicted"] = {"class": task.label_names[int(counts.argmax())], "share": round(share, 4)}
+        one_class = share >= ONE_CLASS and baseline["share"] < ONE_CLASS
+    main = task.metrics[0]
+    value = round(metrics[main], 4)
+    no_better = value >= baseline[main] if main in LOWER_IS_BETTER else value <= baseline[main]
+    return {**report, "collapsed": bool(one_class or no_better)}
+
+
+def warn_if_collapsed(where: str, task: Task, metrics: dict, report: dict) -> None:
+    """Log a WARNING naming ``where`` (the split, and the epoch in training), what the model predicts, the main
+    metric against the baseline's, and what to try, when ``report`` (``collapse_check``) says collapsed."""
+    if not report["collapsed"]:
+        return
+    base, main, most = report["baseline"], task.metrics[0], report.get("most_predicted")
+    constant = f"train's majority class {base['class']!r} ({base['share']:.1%} of the rows)" if "class" in base \
+        else f"train's mean score {base['mean']}"
+    predicts = f"it predicts {most['class']!r} for {most['share']:.1%} of the rows; " if most else "its "
+    log.warning("%s: the model looks collapsed (one class for nearly every row, or no better than a constant model): "
+                "%s%s %.4f against %.4f by always predicting %s. Try another train.lr (a lower one first), more "
+                "train.epochs, model.pooling: mean, or another model.checkpoint",
+                where, predicts, main, metrics[main], base[main], constant)
