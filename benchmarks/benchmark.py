@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from finetune.params import Paths, load_params, with_overrides
-from finetune.runtime import peak_memory_mb, resolve_mixed_precision
+from finetune.runtime import cpu_bf16_flags, peak_memory_mb, resolve_mixed_precision
 from finetune.tables import markdown_table
 
 HERE = Path(__file__).parent
@@ -357,10 +357,8 @@ def _ceiling_line(ceiling: dict) -> str:
 def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("flags")), [])
     info = {"cpu": cpu, "cores": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
-            "bf16_flags": " ".join(f for f in flags if f in ("avx512_bf16", "amx_bf16"))}
+            "bf16_flags": " ".join(cpu_bf16_flags())}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info

@@ -58,11 +58,33 @@ def resolve_mixed_precision(choice: str) -> str:
 
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cpu_bf16_flags() else "no"
+
+
+def cpu_bf16_flags() -> list[str]:
+    """The CPU's bf16 instruction sets among AVX512-BF16 and AMX-BF16 (``/proc/cpuinfo`` flags; empty when it has
+    none or the file can't be read): with none, bf16 is emulated and slower than fp32."""
     try:
-        flags = Path("/proc/cpuinfo").read_text().split()
+        flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return "no"
-    return "bf16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "no"
+        return []
+    return [flag for flag in ("avx512_bf16", "amx_bf16") if flag in flags]
+
+
+def describe_device(device) -> str:
+    """The hardware a run's numbers depend on, for its metrics: the GPU's name, or the CPU's model name, its
+    threads and its bf16 instructions (e.g. ``cpu: AMD EPYC, 2 threads, avx512_bf16``). ``mixed_precision: auto``
+    resolves differently across them, and so do the metrics (README, "Reproducibility")."""
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        cpuinfo = []
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
+    return f"cpu: {model}, {torch.get_num_threads()} threads, {' '.join(cpu_bf16_flags()) or 'no bf16 instructions'}"
 
 
 def set_cpu_threads(num_threads: int | None) -> int:

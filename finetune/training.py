@@ -31,7 +31,8 @@ from finetune.modeling import load_classifier
 from finetune.optim import Schedule, make_optimizer, make_scheduler
 from finetune.params import Params, Paths, TrainParams
 from finetune.resume import RunState, last_checkpoint, load_checkpoint, run_fingerprint, save_checkpoint
-from finetune.runtime import atomic_dir, make_accelerator, peak_memory_mb, resolve_mixed_precision, set_cpu_threads
+from finetune.runtime import (atomic_dir, describe_device, make_accelerator, peak_memory_mb, resolve_mixed_precision,
+                              set_cpu_threads)
 from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -309,7 +310,7 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
     seen), ``train_seconds`` (wall seconds of the optimisation steps, validation excluded), ``samples_per_second``
     (train samples/s), ``wall_seconds`` (the whole call: loading, training, validation, saving), ``peak_memory_mb``
     (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``), ``parameters``, ``padding_fraction`` (padding / all tokens
-    of the training batches), ``real_tokens``, ``mixed_precision``, ``validation_baseline`` (the constant model of
+    of the training batches), ``real_tokens``, ``mixed_precision``, ``device`` (``describe_device``), ``validation_baseline`` (the constant model of
     train's labels scored on validation: ``finetune.collapse.constant_baseline``) and, with ``torch_compile``,
     ``compile_seconds``.
     """
@@ -334,6 +335,7 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
         "padding_fraction": round(1 - state.real_tokens / state.padded_tokens, 4),
         "real_tokens": state.real_tokens,
         "mixed_precision": run.mixed_precision,
+        "device": describe_device(run.accelerator.device),
         "validation_baseline": run.baseline,
     }
     if run.compile_seconds is not None:

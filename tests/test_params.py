@@ -39,6 +39,24 @@ def test_auto_mixed_precision_follows_the_hardware():
         assert resolve_mixed_precision("auto") == expected
 
 
+def test_the_device_names_the_cpu_and_its_bf16_instructions(monkeypatch, tmp_path):
+    import torch
+
+    from finetune import runtime
+
+    cpuinfo = tmp_path / "cpuinfo"
+    real_path = runtime.Path
+    monkeypatch.setattr(runtime, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert runtime.describe_device("cpu").startswith("cpu: AMD EPYC, ")
+    assert runtime.describe_device("cpu").endswith(" threads, avx512_bf16")
+    cpuinfo.write_text("model name\t: Intel Xeon\nflags\t\t: fpu avx2\n")
+    assert runtime.describe_device("cpu").endswith(" threads, no bf16 instructions")
+    assert runtime.cpu_bf16_flags() == []
+    if not torch.cuda.is_available():
+        assert runtime.resolve_mixed_precision("auto") == "no"  # auto is fp32 on such a CPU
+
+
 def _with(changes: dict):
     """The committed params with ``{"section.key": value}`` changes (``DELETE``: remove the key)."""
     params = copy.deepcopy(GOOD)

@@ -62,6 +62,7 @@ def test_repro_runs_every_stage_then_nothing(project):
     assert 0 <= metrics["validation"]["accuracy"] <= 1 and 0 <= metrics["validation"]["f1"] <= 1
     train = json.loads((root / "metrics/train.json").read_text())
     assert train["steps"] == 3 and train["parameters"] > 0 and train["peak_memory_mb"] > 0 and train["wall_seconds"] > 0
+    assert train["mixed_precision"] == "no" and train["device"].startswith("cpu: ")  # the hardware, stated
     provenance = json.loads((root / "metrics/provenance.json").read_text())
     assert provenance["dataset"]["kind"] == "local" and provenance["dataset"]["splits"]["train"]["rows"] == 40
     # DVC outputs are git-ignored; metrics and DVCLive plot data are not.
