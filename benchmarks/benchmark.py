@@ -188,7 +188,8 @@ def project(max_steps: int | None, overrides: dict | None = None, checkpoint: st
         metrics = train(params, paths)
         result = evaluate_model(params, paths)["validation"]
     return {"samples": metrics["train_samples"], "real_tokens": metrics["real_tokens"], "steps": metrics["steps"],
-            "train_seconds": metrics["train_seconds"], "padding_fraction": metrics["padding_fraction"],
+            "train_seconds": metrics["train_seconds"], "samples_per_second": metrics["samples_per_second"],
+            "padding_fraction": metrics["padding_fraction"],
             "wall_s": time.perf_counter() - start, "accuracy": result["accuracy"], "f1": result["f1"], "shape": shape,
             "settings": {k: v for k, v in params.train.model_dump().items()
                          if k in ("batch_size", "lr", "scheduler", "warmup_ratio", "mixed_precision", "group_by_length",
@@ -310,10 +311,11 @@ def compare_checkpoints(checkpoints: list[str], max_steps: int | None, ceiling: 
     for checkpoint in checkpoints:
         r = run_way("project", max_steps, CHECKPOINT_SETTINGS, checkpoint)
         records.append({"checkpoint": checkpoint, **r["shape"], "steps": r["steps"], "samples": r["samples"],
-                        "train_seconds": r["train_seconds"], "samples_per_s": r["samples"] / r["train_seconds"],
+                        "train_seconds": r["train_seconds"], "samples_per_s": r["samples_per_second"],
                         "peak_rss_mb": r["peak_rss_mb"], "real_tokens": r["real_tokens"],
+                        # FLOPs per sample x samples/s: train_seconds is rounded to 0.1 s, too coarse for short runs
                         "train_gflops": training_flops(r["real_tokens"], r["real_tokens"] / r["samples"], r["shape"])
-                        / r["train_seconds"] / 1e9, "settings": r["settings"]})
+                        / r["samples"] * r["samples_per_second"] / 1e9, "settings": r["settings"]})
     first = records[0]
     tokens, mean_length = first["real_tokens"], first["real_tokens"] / first["samples"]
     for r in records:
