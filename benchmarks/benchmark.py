@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from finetune.params import Paths, load_params, with_overrides
-from finetune.runtime import cpu_bf16_flags, peak_memory_mb, resolve_mixed_precision
+from finetune.runtime import cpu_bf16_flags, cpu_model, peak_memory_mb, resolve_mixed_precision
 from finetune.tables import markdown_table
 
 HERE = Path(__file__).parent
@@ -357,9 +357,7 @@ def _ceiling_line(ceiling: dict) -> str:
 
 
 def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    info = {"cpu": cpu, "cores": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+    info = {"cpu": cpu_model(), "cores": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
             "bf16_flags": " ".join(cpu_bf16_flags())}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()

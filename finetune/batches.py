@@ -14,15 +14,15 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from finetune.data import SWAPPED, token_lengths
 from finetune.params import EvaluateParams
+from finetune.tokenization import SWAPPED, token_lengths
 
 
 class PairCollator:
     """Dynamic padding (``DataCollatorWithPadding``: each batch padded to its longest sequence, with the
     tokenizer's pad id, on the right), after picking the order of each pair.
 
-    Rows of a symmetric pair task carry both orders (``finetune.data.tokenize`` with ``swapped``). Each row is
+    Rows of a symmetric pair task carry both orders (``finetune.tokenization.tokenize`` with ``swapped``). Each row is
     swapped with probability ``swap``: 0 keeps the first order (s1, s2), 1 takes (s2, s1) for every row, 0.5 draws
     the order per row from ``generator`` (reseed it to replay a draw). The unused order's columns are dropped;
     rows without swapped columns pass as they are.

@@ -255,7 +255,11 @@ class Paths:
         return self.root / "models" / "pretrained"
 
     @property
-    def finetuned(self) -> Path:  # train: the kept epoch's model + tokenizer
+    def trained(self) -> Path:  # train: the kept epoch's model + tokenizer (+ task.json)
+        return self.root / "models" / "trained"
+
+    @property
+    def finetuned(self) -> Path:  # card: models/trained and its model card README.md, the folder users load
         return self.root / "models" / "finetuned"
 
     @property

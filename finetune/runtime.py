@@ -79,12 +79,16 @@ def describe_device(device) -> str:
 
     if getattr(device, "type", str(device)) == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {cpu_model()}, {torch.get_num_threads()} threads, {' '.join(cpu_bf16_flags()) or 'no bf16 instructions'}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (e.g. ``AMD EPYC``), or ``unknown CPU``."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        cpuinfo = []
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
-    return f"cpu: {model}, {torch.get_num_threads()} threads, {' '.join(cpu_bf16_flags()) or 'no bf16 instructions'}"
+        return "unknown CPU"
+    return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
 
 
 def set_cpu_threads(num_threads: int | None) -> int:

@@ -3,7 +3,7 @@ download stage and saved beside the data (``task.json``) for every later stage, 
 
 GLUE's nine tasks are known by name (``GLUE_TASKS``, from the GLUE paper, Wang et al. 2018,
 https://arxiv.org/abs/1804.07461, and the Hub's ``nyu-mll/glue`` card); the user's own files are described by
-``data.*`` params, and what they leave open is read off the data (``finetune.data.prepare_raw``).
+``data.*`` params, and what they leave open is read off the data (``finetune.prepare.prepare_raw``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ from finetune.collapse import collapse_check, constant_baseline, warn_if_collaps
 from finetune.errors import ParamsError
 from finetune.evaluation import evaluate_split, load_metric, predictions_of
 from finetune.live import TrainLog
-from finetune.data import SWAPPED
 from finetune.modeling import load_classifier
 from finetune.optim import Schedule, make_optimizer, make_scheduler
 from finetune.params import Params, Paths, TrainParams
@@ -34,6 +33,7 @@ from finetune.resume import RunState, last_checkpoint, load_checkpoint, run_fing
 from finetune.runtime import (atomic_dir, describe_device, make_accelerator, peak_memory_mb, resolve_mixed_precision,
                               set_cpu_threads)
 from finetune.tasks import Task
+from finetune.tokenization import SWAPPED
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,12 @@ class Run:
 
 def train(params: Params, paths: Paths) -> dict:
     """Fine-tune ``paths.pretrained`` on the train split of ``paths.tokenized``; save the kept model to
-    ``paths.finetuned``, a checkpoint per epoch to ``paths.checkpoints`` and DVCLive logs to ``paths.train_logs``.
+    ``paths.trained``, a checkpoint per epoch to ``paths.checkpoints`` and DVCLive logs to ``paths.train_logs``.
 
     ``train.seed`` drives the head's initialisation, dropout and the batch order. One optimizer step takes
     ``gradient_accumulation_steps`` batches of ``batch_size`` per process; the run takes ``max_steps`` optimizer
     steps if set, else ``epochs`` epochs, and stops sooner after ``early_stopping_patience`` epochs without the
-    validation ``metric_for_best`` improving. ``paths.finetuned`` gets the best epoch's weights with ``keep_best``,
+    validation ``metric_for_best`` improving. ``paths.trained`` gets the best epoch's weights with ``keep_best``,
     else the last epoch's. With ``resume``, a run whose fingerprint matches a checkpoint continues after its epoch.
 
     Returns:
@@ -289,16 +289,16 @@ def save_model(accelerator: Accelerator, model, tokenizer, task: Task, folder) -
 
 
 def save_kept_model(run: Run, state: RunState, stopping: EarlyStopping, paths: Paths) -> None:
-    """Copy the kept epoch's model (``paths.checkpoints/best``) to ``paths.finetuned``, atomically."""
+    """Copy the kept epoch's model (``paths.checkpoints/best``) to ``paths.trained``, atomically."""
     if stopping.should_stop and state.epoch < run.schedule.epochs:
         log.info("Early stopping after epoch %d: %s did not improve for %d epochs (best %.4f, epoch %d)",
                  state.epoch, run.metric_for_best, stopping.bad_epochs, stopping.best, stopping.best_epoch)
     run.accelerator.wait_for_everyone()
     if run.accelerator.is_main_process:
-        with atomic_dir(paths.finetuned) as tmp:
+        with atomic_dir(paths.trained) as tmp:
             shutil.copytree(paths.checkpoints / "best", tmp, dirs_exist_ok=True)
         kept_epoch = stopping.best_epoch if run.p.keep_best else state.epoch
-        log.info("Saved the model of epoch %d to %s", kept_epoch, paths.finetuned)
+        log.info("Saved the model of epoch %d to %s", kept_epoch, paths.trained)
 
 
 def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_seconds: float) -> dict:

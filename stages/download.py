@@ -15,9 +15,10 @@ from pathlib import Path
 from datasets import DatasetDict
 from transformers import AutoTokenizer
 
-from finetune.data import carve_validation, data_columns, load_files, load_raw, prepare_raw, split_summary
+from finetune.loading import load_files, load_raw
 from finetune.modeling import load_encoder
 from finetune.params import DataParams, Paths, load_params, project_path
+from finetune.prepare import carve_validation, data_columns, prepare_raw, split_summary
 from finetune.runtime import atomic_dir, run_stage, write_json
 from finetune.sources import resolve_checkpoint, resolve_dataset, resolve_files
 

@@ -1,5 +1,5 @@
-"""Stage 5, evaluate: the task's metrics of the fine-tuned model on validation and test (where they exist and
-have labels), with predictions for every split.
+"""Stage 5, evaluate: the task's metrics of the fine-tuned model (models/trained) on validation and test (where
+they exist and have labels), with predictions for every split.
 
 Writes metrics/eval.json ``{"validation": {"loss", <the task's metrics>, "examples", "baseline", "most_predicted",
 "collapsed"}, "test": {...}}`` (one shape per task, e.g. MRPC: accuracy and F1; the last three are the collapse
@@ -21,11 +21,11 @@ from transformers import AutoTokenizer
 
 from finetune.batches import evaluation_loaders
 from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
-from finetune.data import is_labeled, present_splits
 from finetune.evaluation import evaluate_split, load_metric, predictions_of, with_predictions
 from finetune.live import log_plots, open_live
 from finetune.modeling import load_finetuned, trained_on_both_orders
 from finetune.params import Params, Paths, load_params
+from finetune.splits import is_labeled, present_splits
 from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
 from finetune.tasks import Task
 
@@ -44,7 +44,7 @@ def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task) -> pd.DataF
 
 
 def evaluate_model(params: Params, paths: Paths) -> dict:
-    """Evaluate ``paths.finetuned`` on those of ``evaluate.splits`` the data has; write one predictions CSV per split
+    """Evaluate ``paths.trained`` on those of ``evaluate.splits`` the data has; write one predictions CSV per split
     into ``paths.predictions`` and each labeled split's plots into ``paths.eval_logs``.
 
     Returns:
@@ -55,8 +55,8 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
     p = params.evaluate
     set_cpu_threads(None)
     accelerator = make_accelerator()
-    tokenizer = AutoTokenizer.from_pretrained(paths.finetuned)
-    model = load_finetuned(paths.finetuned)
+    tokenizer = AutoTokenizer.from_pretrained(paths.trained)
+    model = load_finetuned(paths.trained)
     both_orders = trained_on_both_orders(model)
     model = accelerator.prepare(model)  # after reading its config: a prepared model may be wrapped (DDP)
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files

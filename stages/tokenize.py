@@ -12,10 +12,10 @@ import logging
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from finetune.data import length_stats, tokenize
 from finetune.params import Params, Paths, load_params
 from finetune.runtime import atomic_dir, run_stage, write_json
 from finetune.tasks import Task
+from finetune.tokenization import length_stats, tokenize
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,9 @@
 
 The loop itself is finetune/training.py. Run as ``accelerate launch --config_file <train.accelerate_config> -m
 stages.train`` (dvc.yaml does, after ``python -m finetune.params`` checked params.yaml), or plainly as ``python -m
-stages.train`` for one process. Writes models/finetuned/ (model + tokenizer), models/checkpoints/,
-metrics/train.json and the DVCLive logs dvclive/train/steps and dvclive/train/epochs.
+stages.train`` for one process. Writes models/trained/ (model + tokenizer, task.json; the card stage copies it to
+models/finetuned/ with its model card), models/checkpoints/, metrics/train.json and the DVCLive logs
+dvclive/train/steps and dvclive/train/epochs.
 """
 
 from __future__ import annotations

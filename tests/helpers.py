@@ -143,16 +143,16 @@ def force_one_class(model, winner: int):
 
 def save_collapsed_model(paths: Paths, task, winner: int) -> Path:
     """A "fine-tuned" model of ``task`` that predicts class ``winner`` for every row (``force_one_class`` of a new
-    head on ``paths.pretrained``), saved with the tokenizer and task.json to ``paths.finetuned`` as the train
+    head on ``paths.pretrained``), saved with the tokenizer and task.json to ``paths.trained`` as the train
     stage saves one."""
     from transformers import AutoTokenizer
 
     from finetune.modeling import load_classifier
 
-    force_one_class(load_classifier(paths.pretrained, task), winner).save_pretrained(paths.finetuned)
-    AutoTokenizer.from_pretrained(paths.pretrained).save_pretrained(paths.finetuned)
-    task.save(paths.finetuned)
-    return paths.finetuned
+    force_one_class(load_classifier(paths.pretrained, task), winner).save_pretrained(paths.trained)
+    AutoTokenizer.from_pretrained(paths.pretrained).save_pretrained(paths.trained)
+    task.save(paths.trained)
+    return paths.trained
 
 
 def tiny_params(**overrides: dict[str, Any]) -> Params:

@@ -5,9 +5,10 @@ import torch
 from datasets import DatasetDict
 
 from finetune.batches import make_collator, train_dataloader
-from finetune.data import length_stats, prepare_raw, tokenize
 from finetune.errors import DataError
+from finetune.prepare import prepare_raw
 from finetune.tasks import glue_task
+from finetune.tokenization import length_stats, tokenize
 from tests.helpers import tiny_params
 
 

@@ -36,11 +36,11 @@ def test_two_processes_train_with_a_shared_schedule(project):
     # 40 rows, 10 batches of 4, split over 2 processes: 5 optimizer steps an epoch, taken by both together
     assert (metrics["steps"], metrics["epochs"]) == (10, 2)
     assert metrics["train_samples"] == 2 * 10 * 4
-    assert (project / "models" / "finetuned" / "model.safetensors").is_file()
+    assert (project / "models" / "trained" / "model.safetensors").is_file()
 
 
 def test_two_processes_evaluate_like_one(project):
-    if not (project / "models" / "finetuned").is_dir():
+    if not (project / "models" / "trained").is_dir():
         pytest.skip("needs the model of test_two_processes_train_with_a_shared_schedule")
     launch(project, "stages.evaluate", CPU_2PROC)
     two = json.loads((project / "metrics" / "eval.json").read_text())

@@ -163,22 +163,22 @@ def test_a_family_trains_evaluates_predicts_and_is_reused(family_checkpoint, sma
     reset_accelerate()
     results = evaluate_model(params, paths)
     assert set(results) == {"validation", "test"} and 0 <= results["validation"]["accuracy"] <= 1
-    config = json.loads((paths.finetuned / "config.json").read_text())
+    config = json.loads((paths.trained / "config.json").read_text())
     assert (config["model_type"], config.get("encoder", {}).get("model_type")) == \
         ((family, None) if pooling == "cls" else ("mean_pooled", family))
     # the saved folder as it is: transformers' pipeline, tools.predict
-    classify = pipeline("text-classification", model=str(paths.finetuned))
+    classify = pipeline("text-classification", model=str(paths.trained))
     [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected."}])
     assert result["label"] in MRPC.label_names
     new = tmp_path / "new.csv"
     small_raw["validation"].to_pandas()[["sentence1", "sentence2"]].to_csv(new, index=False)
-    scored, evaluated = predict(new, paths.finetuned, batch_size=4), pd.read_csv(paths.predictions / "validation.csv")
+    scored, evaluated = predict(new, paths.trained, batch_size=4), pd.read_csv(paths.predictions / "validation.csv")
     np.testing.assert_allclose(scored["probability_equivalent"], evaluated["probability_equivalent"], atol=2e-5)
     # intermediate training: the download stage keeps the encoder, the next run gets a new head for its task
-    trained_model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
+    trained_model = AutoModelForSequenceClassification.from_pretrained(paths.trained)
     prefix, trained = _encoder_prefix(trained_model), trained_model.state_dict()
     pretrained = tmp_path / "second" / "models" / "pretrained"
-    assert download_checkpoint(str(paths.finetuned), pretrained)["model_type"] == family
+    assert download_checkpoint(str(paths.trained), pretrained)["model_type"] == family
     encoder = load_file(pretrained / "model.safetensors")
     assert {prefix + name for name in encoder} >= {name for name in trained if name.startswith(prefix)}
     assert all(torch.equal(w, trained[prefix + name]) for name, w in encoder.items() if prefix + name in trained)

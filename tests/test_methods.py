@@ -149,22 +149,22 @@ def test_train_and_evaluate_with_mean_pooling_and_swapped_pairs(tiny_raw, tiny_c
     paths = make_project(tmp_path, params, tiny_raw, tiny_checkpoint)
     metrics = train(params, paths)
     reset_accelerate()
-    config = json.loads((paths.finetuned / "config.json").read_text())
+    config = json.loads((paths.trained / "config.json").read_text())
     assert config["model_type"] == "mean_pooled" and config["encoder"]["model_type"] == "bert"
     assert config["swap_pairs"] is True
     assert metrics["steps"] == 10  # swapping changes the order of the texts, not the number of steps
     results = evaluate_model(params, paths)
     assert set(results) == {"validation", "test"} and 0 <= results["validation"]["accuracy"] <= 1
-    model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
+    model = AutoModelForSequenceClassification.from_pretrained(paths.trained)
     assert isinstance(model, MeanPooledForSequenceClassification)
-    classify = pipeline("text-classification", model=str(paths.finetuned))
+    classify = pipeline("text-classification", model=str(paths.trained))
     [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected."}])
     assert result["label"] in {"not_equivalent", "equivalent"}
     # tools.predict averages both orders as the evaluate stage does
     evaluated = pd.read_csv(paths.predictions / "validation.csv")
     new = tmp_path / "new.csv"
     tiny_raw["validation"].to_pandas()[["sentence1", "sentence2"]].to_csv(new, index=False)
-    scored = predict(new, paths.finetuned, batch_size=4)
+    scored = predict(new, paths.trained, batch_size=4)
     np.testing.assert_allclose(scored["probability_equivalent"], evaluated["probability_equivalent"], atol=2e-5)
     assert (scored["prediction"] == evaluated["prediction"]).all()
 
@@ -177,9 +177,9 @@ def test_a_finetuned_model_is_the_next_runs_checkpoint(tiny_raw, tiny_checkpoint
     paths = make_project(tmp_path / "first", first, tiny_raw, tiny_checkpoint)
     train(first, paths)
     reset_accelerate()
-    trained = AutoModelForSequenceClassification.from_pretrained(paths.finetuned).state_dict()
+    trained = AutoModelForSequenceClassification.from_pretrained(paths.trained).state_dict()
     pretrained = tmp_path / "second" / "models" / "pretrained"
-    record = download_checkpoint(str(paths.finetuned), pretrained)
+    record = download_checkpoint(str(paths.trained), pretrained)
     assert record["model_type"] == "bert"
     encoder = load_file(pretrained / "model.safetensors")  # what the download stage saved: the encoder's weights
     assert encoder and all(torch.equal(w, trained["bert." + name]) for name, w in encoder.items())

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from huggingface_hub import ModelCard
 
 from tests.helpers import (dvc, exp_show, make_project, make_split, own_frame, python, run, tiny_params,
                            write_hub_folder, write_own_file)
@@ -52,13 +53,22 @@ def lr_of(data: dict) -> float:
 def test_repro_runs_every_stage_then_nothing(project):
     root = project
     out = run(dvc("repro"), root)
-    for stage in ("download", "tokenize", "collate-check", "train", "evaluate"):
+    for stage in ("download", "tokenize", "collate-check", "train", "evaluate", "card"):
         assert f"Running stage '{stage}'" in out
     for path in ("data/raw", "data/tokenized", "data/predictions/validation.csv", "data/predictions/test.csv",
-                 "models/pretrained/config.json", "models/finetuned/model.safetensors", "dvc.lock"):
+                 "models/pretrained/config.json", "models/trained/model.safetensors",
+                 "models/finetuned/model.safetensors", "dvc.lock"):
         assert (root / path).exists(), path
     metrics = json.loads((root / "metrics/eval.json").read_text())
     assert set(metrics) == {"validation", "test"}
+    # The card stage's model card: eval.json's numbers as model-index results, this commit, dvc.lock's hashes.
+    card = ModelCard.load(root / "models/finetuned/README.md")
+    assert {(r.dataset_split, r.metric_type): r.metric_value for r in card.data.eval_results} == {
+        (split, metric): metrics[split][metric] for split in metrics for metric in ("f1", "accuracy")}
+    assert card.data.base_model == yaml.safe_load((root / "params.yaml").read_text())["model"]["checkpoint"]
+    assert f"git commit `{run(['git', 'rev-parse', 'HEAD'], root).strip()}`" in card.text
+    assert "no uncommitted changes" in card.text  # the pipeline's own writes (dvc.lock, metrics, .gitignore) are not
+    assert "dvc.lock's md5 of the metrics files matches the files the card was written from" in card.text
     assert 0 <= metrics["validation"]["accuracy"] <= 1 and 0 <= metrics["validation"]["f1"] <= 1
     train = json.loads((root / "metrics/train.json").read_text())
     assert train["steps"] == 3 and train["parameters"] > 0 and train["peak_memory_mb"] > 0 and train["wall_seconds"] > 0
@@ -67,7 +77,7 @@ def test_repro_runs_every_stage_then_nothing(project):
     assert provenance["dataset"]["kind"] == "local" and provenance["dataset"]["splits"]["train"]["rows"] == 40
     # DVC outputs are git-ignored; metrics and DVCLive plot data are not.
     ignored = run(["git", "status", "--porcelain", "--ignored"], root)
-    assert "!! data/raw" in ignored and "!! models/finetuned" in ignored
+    assert "!! data/raw" in ignored and "!! models/trained" in ignored and "!! models/finetuned" in ignored
     untracked = run(["git", "status", "--porcelain", "-uall"], root)
     assert "metrics/eval.json" in untracked and "dvclive/train/steps/plots/metrics/train/loss.tsv" in untracked
 
@@ -109,7 +119,7 @@ def test_exp_run_shows_in_exp_show(project):
     root = project
     # Changing train.lr reruns train and evaluate only.
     exp = run(dvc("exp", "run", "-S", "train.lr=3e-4", "--name", "lr-3e-4"), root)
-    assert "Running stage 'train'" in exp and "Running stage 'evaluate'" in exp
+    assert "Running stage 'train'" in exp and "Running stage 'evaluate'" in exp and "Running stage 'card'" in exp
     assert "Running stage 'tokenize'" not in exp and "Running stage 'download'" not in exp
     run(dvc("exp", "run", "-S", "train.warmup_steps=1", "-S", "train.warmup_ratio=0", "-S", "train.mixed_precision=no",
         "--name", "warmup-1"), root)

@@ -37,7 +37,7 @@ def run_train(project: Path) -> str:
 
 def outcome(project: Path) -> tuple[dict, dict, dict]:
     """Final weights, train metrics without timings, and the DVCLive epoch/step logs (step and value columns)."""
-    weights = load_file(project / "models" / "finetuned" / "model.safetensors")
+    weights = load_file(project / "models" / "trained" / "model.safetensors")
     metrics = {k: v for k, v in json.loads((project / "metrics" / "train.json").read_text()).items()
                if k not in TIMING_KEYS}
     logs = {}
@@ -70,7 +70,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(project_template, uninte
     assert process.returncode != 0, "the run finished before it was killed"
 
     # Nothing that looks finished: no model, no metrics; SIGINT/SIGTERM also removed their temp folders.
-    assert not (project / "models" / "finetuned").exists()
+    assert not (project / "models" / "trained").exists()
     assert not (project / "metrics" / "train.json").exists()
     assert not (project / "dvclive" / "train").exists()
     if signum != signal.SIGKILL:

@@ -55,7 +55,7 @@ def test_adamw_implementations_give_the_same_weights(impl, tiny_project):
     default_paths, other_paths = tiny_project("default", default), tiny_project(impl, other)
     train(default, default_paths)
     train(other, other_paths)
-    a, b = load_file(default_paths.finetuned / "model.safetensors"), load_file(other_paths.finetuned / "model.safetensors")
+    a, b = load_file(default_paths.trained / "model.safetensors"), load_file(other_paths.trained / "model.safetensors")
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5)
 

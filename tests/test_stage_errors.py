@@ -37,7 +37,7 @@ def test_bad_checkpoint_through_accelerate_launch_prints_one_message(tiny_raw, t
     output = run(launch, project.root, ok=False)
     assert output.strip().startswith("ERROR: models/pretrained: no model weights (one of model.safetensors")
     no_traceback(output)
-    assert not project.finetuned.exists()
+    assert not project.trained.exists()
 
 
 def test_a_bug_keeps_its_traceback(tmp_path):

@@ -199,12 +199,12 @@ def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_ch
     about = {"mean"} if regression else {"class", "share"}
     assert set(results["validation"]["baseline"]) == metrics - {"loss"} | about
 
-    model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
+    model = AutoModelForSequenceClassification.from_pretrained(paths.trained)
     table = pd.read_csv(paths.predictions / "test.csv")
     assert list(table.columns[:len(text_columns) + 1]) == ["idx", *text_columns]
     if kind == "pair-2":
         assert model.config.id2label == {0: "no", 1: "yes"} and set(table["prediction"]) <= {"no", "yes"}
-        [result] = pipeline("text-classification", model=str(paths.finetuned))(
+        [result] = pipeline("text-classification", model=str(paths.trained))(
             [{"text": "Who won the final?", "text_pair": "The team won the final."}])
         assert result["label"] in {"no", "yes"}
         for plot in ("confusion_matrix", "precision_recall", "roc"):  # two classes: PR and ROC of 'yes'
@@ -214,7 +214,7 @@ def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_ch
         assert [c for c in table.columns if c.startswith("probability_")] == [
             "probability_negative", "probability_neutral", "probability_positive"]
         assert set(table["label"]) <= {"negative", "neutral", "positive"}
-        [result] = pipeline("text-classification", model=str(paths.finetuned))(["The team was brilliant today."])
+        [result] = pipeline("text-classification", model=str(paths.trained))(["The team was brilliant today."])
         assert result["label"] in {"negative", "neutral", "positive"}  # the real names, not LABEL_0
         cells = json.loads((paths.eval_logs / "plots/sklearn/validation/confusion_matrix.json").read_text())
         assert {c["actual"] for c in cells} <= {"negative", "neutral", "positive"}
@@ -228,7 +228,7 @@ def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_ch
 
     # Predict: new rows in any order of lengths come back in their order, with names and probabilities.
     new = own_frame(kind, 9, 5).drop(columns=label_column).assign(note=range(9))
-    scored = predict(write_own_file(new, project_root / "new.jsonl"), paths.finetuned, batch_size=4)
+    scored = predict(write_own_file(new, project_root / "new.jsonl"), paths.trained, batch_size=4)
     assert scored["note"].tolist() == list(range(9))
     assert scored[text_columns[0]].tolist() == new[text_columns[0]].tolist()
     if kind == "single-3":
@@ -304,7 +304,7 @@ def finetuned_mrpc(tiny_raw, tiny_checkpoint, tmp_path_factory):
     paths = make_project(tmp_path_factory.mktemp("mrpc"), params, tiny_raw, tiny_checkpoint)
     train(params, paths)
     reset_accelerate()
-    return paths.finetuned
+    return paths.trained
 
 
 def test_predict_command_writes_the_csv(finetuned_mrpc, tmp_path):

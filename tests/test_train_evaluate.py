@@ -39,9 +39,9 @@ def test_train_reports_steps_loss_and_speed(finetuned):
 
 def test_finetuned_model_loads_with_labels_and_pipeline(finetuned):
     paths, _ = finetuned
-    model = AutoModelForSequenceClassification.from_pretrained(paths.finetuned)
+    model = AutoModelForSequenceClassification.from_pretrained(paths.trained)
     assert model.config.id2label == {0: "not_equivalent", 1: "equivalent"}
-    classify = pipeline("text-classification", model=str(paths.finetuned))
+    classify = pipeline("text-classification", model=str(paths.trained))
     [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected by the court."}])
     assert result["label"] in {"not_equivalent", "equivalent"} and 0 <= result["score"] <= 1
 
@@ -56,7 +56,7 @@ def test_same_seed_gives_identical_weights(finetuned, tiny_project):
     paths, _ = finetuned
     again = tiny_project("again")
     train(tiny_params(), again)
-    first, second = load_file(paths.finetuned / "model.safetensors"), load_file(again.finetuned / "model.safetensors")
+    first, second = load_file(paths.trained / "model.safetensors"), load_file(again.trained / "model.safetensors")
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
 
@@ -105,8 +105,8 @@ def test_unlabeled_test_split_gets_predictions_only(finetuned, tiny_raw, tmp_pat
     DatasetDict({**tokenized, "test": tokenized["test"].remove_columns("labels")}).save_to_disk(str(project.tokenized))
     MRPC.save(project.raw)
     MRPC.save(project.tokenized)
-    project.finetuned.parent.mkdir(parents=True)
-    project.finetuned.symlink_to(paths.finetuned)
+    project.trained.parent.mkdir(parents=True)
+    project.trained.symlink_to(paths.trained)
     results = evaluate_model(tiny_params(evaluate={"sort_by_length": True, "splits": ["test"]}), project)
     assert results == {"test": {"examples": 19}}
     table = pd.read_csv(project.predictions / "test.csv")

@@ -33,8 +33,8 @@ def test_accumulating_4_batches_of_2_equals_batches_of_8(no_dropout_checkpoint, 
     small = train(accumulated, small_paths)
     assert small["steps"] == big["steps"] == 10  # 40 rows: 5 optimizer steps an epoch either way
     assert small["train_samples"] == big["train_samples"] == 80
-    a = load_file(big_paths.finetuned / "model.safetensors")
-    b = load_file(small_paths.finetuned / "model.safetensors")
+    a = load_file(big_paths.trained / "model.safetensors")
+    b = load_file(small_paths.trained / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
     assert small["mean_loss"] == pytest.approx(big["mean_loss"], abs=1e-4)
@@ -105,7 +105,7 @@ def test_training_stops_early_and_keeps_the_best_epoch(tiny_project, monkeypatch
     metrics = train(params, paths)
     assert (metrics["epochs"], metrics["best_epoch"], metrics["stopped_early"]) == (4, 2, True)
     assert metrics["best_validation_f1"] == 0.7 and metrics["steps"] == 4 * 5
-    kept = load_file(paths.finetuned / "model.safetensors")
+    kept = load_file(paths.trained / "model.safetensors")
     best = saved[2]  # saved after epochs 1 and 2, the improvements
     assert len(saved) == 2 and all(kept[k].equal(best[k]) for k in kept)
     state = json.loads((paths.checkpoints / "epoch-4" / "trainer_state.json").read_text())

@@ -22,13 +22,15 @@ import pandas as pd
 from transformers import AutoTokenizer
 
 from finetune.batches import evaluation_loaders
-from finetune.data import check_text, load_files, tokenize
+from finetune.checks import check_text
 from finetune.errors import DataError, PipelineError
 from finetune.evaluation import evaluate_split, with_predictions
+from finetune.loading import load_files
 from finetune.modeling import load_finetuned, trained_on_both_orders
 from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, set_cpu_threads, setup_logging
 from finetune.tasks import Task
+from finetune.tokenization import tokenize
 
 log = logging.getLogger(__name__)
 

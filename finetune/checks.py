@@ -1,0 +1,81 @@
+"""The rules every row of a split obeys, whatever the task: the text and label columns present, rows in the split,
+no null, empty or whitespace-only text, no idx twice. Each is checked on a pandas DataFrame of the split (vectorised)
+and broken with a DataError that names the split and the row (``row_name``). The label rules are in
+``finetune.labels``; ``finetune.prepare.prepare_raw`` runs both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from datasets import Dataset
+
+from finetune.errors import DataError
+
+
+def checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, ...],
+                  label_column: str) -> pd.DataFrame:
+    """The split as a DataFrame (``_frame``: the text columns, ``label`` and ``idx``) once its columns, rows, texts
+    and idx obey the rules. Train and validation need ``label_column``; a test split may lack it (unlabeled).
+
+    Raises:
+        DataError: a column is missing, the split is empty, a text is empty (``check_text``) or an idx is repeated;
+            naming ``where``, the split and, for a row's fault, the row.
+    """
+    missing = [c for c in text_columns if c not in ds.column_names]
+    if split in ("train", "validation") and label_column not in ds.column_names:
+        missing.append(label_column)
+    if missing:
+        raise DataError(f"{where}: split {split!r} lacks column(s) {missing}; has {ds.column_names}")
+    if len(ds) == 0:
+        raise DataError(f"{where}: split {split!r} is empty")
+    df = _frame(ds, text_columns, label_column)
+    check_text(df, text_columns, where, split)
+    _check_idx(df, where, split)
+    return df
+
+
+def _frame(ds: Dataset, text_columns: tuple[str, ...], label_column: str) -> pd.DataFrame:
+    """The split's text columns, ``label`` (None throughout when absent) and ``idx`` (0-based rows when absent)."""
+    columns = [c for c in dict.fromkeys([*text_columns, label_column, "idx"]) if c in ds.column_names]
+    df = ds.select_columns(columns).to_pandas()
+    df["label"] = df[label_column] if label_column in df else None
+    df.attrs["numbered"] = "idx" not in ds.column_names  # no idx of its own: rows are named by number
+    if df.attrs["numbered"]:
+        df["idx"] = np.arange(len(df))
+    return df
+
+
+def row_name(where: str, split: str, df: pd.DataFrame, row: int) -> str:
+    """Where a row is, for a DataError: ``<where>: split '<split>' row idx=<idx>`` (the data's own idx), or
+    ``row <n>`` (0-based, the header not counted) for data without one (``df.attrs["numbered"]``)."""
+    if df.attrs.get("numbered"):
+        return f"{where}: split {split!r} row {row}"
+    return f"{where}: split {split!r} row idx={df['idx'].iat[row]}"
+
+
+def check_text(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, split: str) -> None:
+    """Every text of ``df``'s ``text_columns`` must be non-empty (not null, not only whitespace).
+
+    Raises:
+        DataError: naming ``where``, the split, the first empty row (its idx, or its 0-based number when
+            ``df.attrs["numbered"]``) and the column.
+    """
+    for column in text_columns:
+        text = df[column]
+        empty = np.flatnonzero((text.isna() | (text.astype(str).str.strip() == "")).to_numpy())
+        if empty.size:
+            raise DataError(f"{row_name(where, split, df, empty[0])}: empty {column} (null, empty or only whitespace)")
+
+
+def _check_idx(df: pd.DataFrame, where: str, split: str) -> None:
+    """No idx twice in the split; the error names the first repeated idx and its rows."""
+    repeated = df["idx"].duplicated(keep=False).to_numpy()
+    if repeated.any():
+        first = df["idx"].to_numpy()[repeated][0]
+        rows = np.flatnonzero((df["idx"] == first).to_numpy()).tolist()
+        others = df["idx"][repeated].nunique() - 1
+        more = f" (and {others} more repeated idx values)" if others else ""
+        raise DataError(f"{where}: split {split!r}: idx={first} is repeated in rows {rows}{more}; "
+                        "each idx must be unique")
+

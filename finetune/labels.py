@@ -1,0 +1,158 @@
+"""The label rules and labels to ids: the class names of the data (GLUE's, the label's ClassLabel,
+``data.label_names``, else train's distinct labels), whether it is a regression, and each split's labels encoded as
+class ids (or float scores), checked row by row: not null, of one type across splits, among the class names or
+finite numbers, at least two classes in train and none elsewhere that train lacks. ``finetune.prepare.prepare_raw``
+calls these after the row rules (``finetune.checks``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from datasets import ClassLabel, Dataset
+
+from finetune.checks import row_name
+from finetune.errors import DataError
+from finetune.params import DataParams
+from finetune.tasks import GLUE_TASKS
+
+UNLABELED = -1  # the Hub's GLUE test splits carry label -1
+
+
+def _missing(labels: pd.Series) -> np.ndarray:
+    """Null, NaN or empty-string labels, as a boolean array."""
+    return (labels.isna() | (labels.astype(str).str.strip() == "")).to_numpy()
+
+
+def _label_kind(value) -> str:
+    """A label's kind: bool, integer, float, or string (anything else)."""
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, (int, np.integer)):
+        return "integer"
+    if isinstance(value, (float, np.floating)):
+        return "float"
+    return "string"
+
+
+def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str]) -> str:
+    """The one kind (string, integer, float, bool) of every label of every split (``integer`` when there are none).
+
+    Raises:
+        DataError: two kinds of label, within a split or across splits; naming the first row of the second kind.
+    """
+    first = None
+    for split, df in frames.items():
+        present = np.flatnonzero(~_missing(df["label"]))
+        kinds = np.array([_label_kind(v) for v in df["label"].to_numpy()[present]])
+        for i, kind in zip(present, kinds):
+            if first is None:
+                first = (kind, split)
+            elif kind != first[0]:
+                raise DataError(f"{row_name(where[split], split, df, i)}: label {df['label'].iat[i]!r} is a {kind}, "
+                                f"but split {first[1]!r} has {first[0]} labels; labels must be of one type")
+    return first[0] if first else "integer"
+
+
+def is_regression(train: Dataset, p: DataParams) -> bool:
+    """Whether own data is a regression: not when its label is a ClassLabel; else ``p.task_type`` when set, else
+    when train's label column holds floats."""
+    if isinstance(train.features.get(p.label_column), ClassLabel):
+        return False
+    if p.task_type is not None:
+        return p.task_type == "regression"
+    return train.features[p.label_column].dtype.startswith("float")
+
+
+def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
+                where: dict[str, str]) -> tuple[tuple[str, ...], bool]:
+    """``(names, ids)``: the class names in id order, and whether numeric labels are ids into them (True) or the
+    names themselves (labels 1, 2, 5 read off the data). Names come from GLUE's task, the label's ClassLabel,
+    ``p.label_names``, else train's sorted distinct labels.
+
+    Raises:
+        DataError: labels of two types (``_check_label_kinds``).
+    """
+    if p.glue_task:
+        return GLUE_TASKS[p.glue_task].label_names, True
+    feature = train.features.get(p.label_column)
+    if isinstance(feature, ClassLabel):
+        return tuple(feature.names), True
+    kind = _check_label_kinds(frames, where)
+    if p.label_names is not None:
+        return tuple(p.label_names), kind != "string"
+    labels = frames["train"]["label"]
+    values = sorted(set(_plain(v) for v in labels[~_missing(labels)].tolist()))
+    return tuple(str(v) for v in values), False
+
+
+def encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ...] | None, ids: bool,
+                  seen: np.ndarray | None = None) -> np.ndarray | None:
+    """The split's labels as class ids (or float scores for regression, ``names`` None); None when unlabeled.
+
+    ``ids``: numeric labels are ids into ``names`` (else every label is matched to a name as text). ``seen``: train's
+    class ids, for the splits after it: a class train lacks is an error.
+
+    Raises:
+        DataError: a null, unknown or non-numeric label, -1 among labeled rows, or a class train lacks; naming the
+            row.
+    """
+    labels = df["label"]
+    missing = _missing(labels)
+    marker = np.array([_label_kind(v) in ("integer", "float") and v == UNLABELED for v in labels], dtype=bool)
+    if split.startswith("test") and (missing | marker).all():
+        return None  # an unlabeled test split: predictions only
+    if marker.any() and split.startswith("test") and names is not None and ids:
+        raise DataError(f"{row_name(where, split, df, np.flatnonzero(marker)[0])}: label -1 (unlabeled) among "
+                        "labeled rows; the test split is labeled throughout or -1 throughout")
+    if missing.any():
+        rule = "a number (regression)" if names is None else f"a label in {list(names)}"
+        raise DataError(f"{row_name(where, split, df, np.flatnonzero(missing)[0])}: label is missing (null); "
+                        f"every row needs {rule}")
+    if names is None:
+        scores = pd.to_numeric(labels, errors="coerce").to_numpy(dtype="float64")
+        bad = np.flatnonzero(~np.isfinite(scores))
+        if bad.size:
+            raise DataError(f"{row_name(where, split, df, bad[0])}: label {_plain(labels.iat[bad[0]])!r} is not a "
+                            "finite number (regression labels are numbers)")
+        return scores.astype("float32")
+    values = labels.to_numpy()
+    if ids and _label_kind(values[0]) != "string":
+        numbers = values.astype("float64")
+        bad = np.flatnonzero(~np.isin(numbers, np.arange(len(names))))
+        if bad.size:
+            raise DataError(f"{row_name(where, split, df, bad[0])}: label {_plain(values[bad[0]])} not in "
+                            f"{list(range(len(names)))} (the ids of {list(names)})")
+        encoded = numbers.astype("int64")
+    else:
+        position = {name: i for i, name in enumerate(names)}
+        text = np.array([str(_plain(v)) for v in values])
+        bad = np.flatnonzero(~np.isin(text, list(position)))
+        if bad.size:
+            raise DataError(f"{row_name(where, split, df, bad[0])}: label {str(text[bad[0]])!r} not in {list(names)}"
+                            f"{'' if ids or seen is None else ' (the labels of train)'}")
+        encoded = np.array([position[t] for t in text], dtype="int64")
+    unseen = np.flatnonzero(~np.isin(encoded, seen)) if seen is not None else []
+    if len(unseen):
+        raise DataError(f"{row_name(where, split, df, unseen[0])}: class {names[encoded[unseen[0]]]!r} is absent "
+                        "from train; the model can't learn it")
+    return encoded
+
+
+def _plain(value):
+    """A label as the user wrote it: 2 rather than 2.0 or np.int64(2)."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def check_train_classes(train: np.ndarray, names: tuple[str, ...], where: str) -> None:
+    """Train holds at least two classes (``train``: its class ids).
+
+    Raises:
+        DataError: train has one class only; naming ``where`` and the class.
+    """
+    seen = np.unique(train)
+    if len(seen) < 2:
+        raise DataError(f"{where}: split 'train' has one class only ({names[seen[0]]!r}); a classifier needs at least "
+                        "two")

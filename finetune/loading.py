@@ -1,0 +1,116 @@
+"""Loading the data as it comes, before any rule is checked: a GLUE config from a Hub-layout folder (the Hub's
+download or the local copy, ``load_raw``), or the user's own files, one per split (``load_files``). Both give a
+DatasetDict in memory, or a DataError of one line; ``finetune.prepare.prepare_raw`` then checks it and brings it to
+the pipeline's shape.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datasets import DatasetDict, load_dataset, load_dataset_builder
+from datasets.exceptions import DatasetGenerationError, DatasetsError
+
+from finetune.errors import DataError
+
+# What datasets and pyarrow raise on a bad folder: no data files (FileNotFoundError, DataFilesNotFoundError,
+# EmptyDatasetError), an unknown config or mismatched files (ValueError), an unreadable file (ArrowInvalid, OSError).
+LOAD_ERRORS = (OSError, ValueError, DatasetsError, pa.ArrowException)
+
+# The user's own files: suffix -> (datasets' packaged builder, its options).
+FILE_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}),
+                ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
+
+
+def load_raw(folder: str, config: str, text_columns: tuple[str, ...] = (), label_column: str | None = None) -> DatasetDict:
+    """``load_dataset(folder, config)`` with one-line errors instead of tracebacks from inside the libraries.
+
+    Done in load_dataset's own two steps (find the data files, then build), with the parquet files checked in
+    between (``check_parquet_split``: each split's files must have ``text_columns``, and ``label_column`` unless
+    the split is a test split), so a corrupt file, a missing column or a split without rows is named before the
+    build. The build goes to a temporary cache and is read into memory:
+    datasets' cache key for a config of a folder's README ignores the files' content, so a shared cache could
+    return the old rows of an edited folder (https://github.com/huggingface/datasets/issues/2956).
+
+    Raises:
+        DataError: the folder has no data files for ``config``, ``config`` is unknown, a data file is unreadable,
+            a split has no rows, or the build fails; the message names the folder, the config (the split and the
+            file when known) and the underlying reason.
+    """
+    with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache_dir:
+        try:
+            builder = load_dataset_builder(folder, config, cache_dir=cache_dir)
+        except LOAD_ERRORS as err:
+            raise DataError(f"{folder} (config {config!r}): cannot load: {_reason(err)}") from err
+        for split, files in (builder.config.data_files or {}).items():
+            labeled = label_column is not None and not split.startswith("test")
+            check_parquet_split(folder, config, split, [str(f) for f in files],
+                                [*text_columns, *([label_column] if labeled else [])])
+        try:
+            builder.download_and_prepare()
+            return builder.as_dataset(in_memory=True)
+        except LOAD_ERRORS as err:
+            raise DataError(f"{folder} (config {config!r}): cannot load: {_reason(err)}") from err
+
+
+def check_parquet_split(folder: str, config: str, split: str, files: list[str], columns: list[str]) -> None:
+    """Read the footer of each parquet file of ``split``: readable, with ``columns``, and rows in the split.
+
+    Files of other formats are left to the build. A column missing from one split's file must be caught here:
+    the build would fill it with nulls from the other splits' schema.
+
+    Raises:
+        DataError: a file is not readable parquet or lacks a column, or the split's files hold no rows;
+            naming the file (relative to ``folder``).
+    """
+    where = f"{folder} (config {config!r}): split {split!r}"
+    parquet = [f for f in files if f.endswith(".parquet")]
+    rows = 0
+    for file in parquet:
+        name = os.path.relpath(file, folder)
+        try:
+            metadata = pq.read_metadata(file)
+        except LOAD_ERRORS as err:
+            raise DataError(f"{where}: {name} is not a readable parquet file: {_reason(err)}") from err
+        missing = [c for c in columns if c not in metadata.schema.names]
+        if missing:
+            raise DataError(f"{where}: {name} lacks column(s) {missing}; has {metadata.schema.names}")
+        rows += metadata.num_rows
+    if parquet and len(parquet) == len(files) and rows == 0:
+        names = ", ".join(os.path.relpath(f, folder) for f in parquet)
+        raise DataError(f"{where} is empty (no rows in {names})")
+
+
+def load_files(files: dict[str, Path]) -> DatasetDict:
+    """The user's own files, one per split, each read by datasets' packaged builder for its suffix
+    (``FILE_FORMATS``: CSV, TSV, JSON / JSON Lines, Parquet) into memory.
+
+    Raises:
+        DataError: a file is missing, has an unknown suffix or can't be parsed; naming the file and the split.
+    """
+    splits = {}
+    for split, file in files.items():
+        if not Path(file).is_file():
+            raise DataError(f"{file}: split {split!r}: file not found (params.yaml data.files.{split})")
+        if Path(file).suffix.lower() not in FILE_FORMATS:
+            raise DataError(f"{file}: split {split!r}: unknown format; use one of {', '.join(FILE_FORMATS)}")
+        builder, options = FILE_FORMATS[Path(file).suffix.lower()]
+        with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache_dir:
+            try:
+                splits[split] = load_dataset(builder, data_files={split: str(file)}, split=split, cache_dir=cache_dir,
+                                             keep_in_memory=True, **options)
+            except LOAD_ERRORS as err:
+                raise DataError(f"{file}: split {split!r}: cannot read: {_reason(err)}") from err
+    return DatasetDict(splits)
+
+
+def _reason(err: BaseException) -> str:
+    """``Type: message`` on one line; for datasets' generic 'error while generating', the error underneath."""
+    if isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
+        err = err.__cause__
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+

@@ -1,0 +1,59 @@
+"""Tokenization of the prepared splits (text to token ids, no padding) and their token lengths.
+
+Tokenization follows the Hugging Face course, chapter 3 "A full training":
+https://huggingface.co/learn/llm-course/chapter3/4
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from datasets import Dataset, DatasetDict
+from transformers import PreTrainedTokenizerBase
+
+SWAPPED = "swapped_"  # prefix of the columns that hold a pair in the other order (tokenize with swapped)
+
+
+def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None,
+             text_columns: tuple[str, ...], swapped: bool = False) -> DatasetDict:
+    """Tokenize as the course does: ``tokenizer(s1, s2, truncation=True)`` (or ``tokenizer(s, ...)`` for a
+    single-sentence task) via ``map(batched=True)``.
+
+    No padding here: DataCollatorWithPadding pads each batch to its own longest sequence. With ``swapped`` (a
+    symmetric pair task), each row also holds the pair in the other order, ``tokenizer(s2, s1, ...)``, under
+    ``SWAPPED`` + the column name; ``finetune.batches.PairCollator`` picks one order per row.
+
+    Returns:
+        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (where the tokenizer gives them: BERT,
+        ELECTRA, DeBERTa-v2; not RoBERTa, DistilBERT, MPNet), ``attention_mask`` (each swapped too with
+        ``swapped``) and, in labeled splits, ``labels``; the text columns and idx are dropped (row order is kept, so
+        row i is raw row i).
+    """
+
+    def encode(batch):
+        texts = [batch[c] for c in text_columns]
+        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
+        if swapped:
+            other = tokenizer(*texts[::-1], truncation=True, max_length=max_length)
+            encoded.update({SWAPPED + name: values for name, values in other.items()})
+        return encoded
+
+    # keep_in_memory: no cache file is written into the input folder (a DVC output of the download stage).
+    tokenized = DatasetDict({
+        split: ds.map(encode, batched=True, remove_columns=[*text_columns, "idx"], keep_in_memory=True,
+                      desc=f"Tokenizing {split}")
+        for split, ds in raw.items()})
+    return DatasetDict({split: ds.rename_column("label", "labels") if "label" in ds.column_names else ds
+                        for split, ds in tokenized.items()})
+
+
+def length_stats(ds: Dataset, max_length: int) -> dict:
+    """Token-length statistics of a tokenized split (tokens per example, special tokens included)."""
+    lengths = np.array(token_lengths(ds))
+    return {"examples": int(lengths.size), "mean": round(float(lengths.mean()), 2), "median": float(np.median(lengths)),
+            "p95": float(np.percentile(lengths, 95)), "max": int(lengths.max()), "min": int(lengths.min()),
+            "truncated": int((lengths >= max_length).sum()), "max_length": max_length}
+
+
+def token_lengths(ds: Dataset) -> list[int]:
+    """Tokens per example (special tokens included) of a tokenized split, in row order."""
+    return [len(ids) for ids in ds["input_ids"]]

@@ -1,0 +1,30 @@
+"""Stage 6, card: the model folder users load, with its model card.
+
+Copies models/trained (the train stage's model, tokenizer and task.json) to models/finetuned/ and adds README.md,
+the model card (finetune/card.py): base model, data and their hashes, label names, metrics/eval.json as
+``model-index`` results, the collapse check, the params, the per-epoch validation table, the hardware, the git
+commit and dvc.lock's hashes. The folder is written atomically: on an error the previous one stays.
+``ModelCard.load("models/finetuned/README.md")`` reads the card, ``pipeline("text-classification",
+model="models/finetuned")`` the model.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from finetune.card import model_card, write_model_folder
+from finetune.params import Paths, load_params
+from finetune.runtime import run_stage
+
+log = logging.getLogger(__name__)
+
+
+def main() -> None:
+    paths = Paths()
+    card = model_card(load_params(), paths)
+    write_model_folder(paths.trained, paths.finetuned, card)
+    log.info("Wrote %s with its model card %s", paths.finetuned, paths.finetuned / "README.md")
+
+
+if __name__ == "__main__":
+    run_stage(main)
