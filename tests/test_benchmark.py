@@ -8,6 +8,8 @@ import pytest
 
 from tests.helpers import make_project, python, run, tiny_params
 
+pytestmark = pytest.mark.e2e  # the stages in subprocesses, as the benchmark runs them
+
 
 @pytest.fixture(scope="module")
 def project(tiny_raw, tiny_checkpoint, tmp_path_factory):

@@ -1,6 +1,6 @@
 """requirements.lock still matches pyproject.toml: every dependency of the project and of its test extra is pinned
 there at a version its specifier allows, with hashes, and the lock's direct dependencies are exactly those. A change
-to either list without rerunning pip-compile (the command in the lock's header, README "Locked environment") fails
+to either list without rerunning pip-compile (the command in the lock's header, docs/reproducibility.md, "Locked environment") fails
 here, offline and in well under a second."""
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers import REPO, dvc, project_env, run
@@ -80,6 +81,7 @@ def read_folder(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
+@pytest.mark.e2e
 def test_artifacts_get_by_version_and_stage_through_a_folder_remote(tmp_path):
     name, entry = the_model_artifact()
     env = {k: v for k, v in project_env(DVC_STUDIO_OFFLINE="1").items() if "STUDIO_TOKEN" not in k}
