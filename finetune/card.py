@@ -25,6 +25,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ruamel.yaml import YAML, YAMLError
 
+from finetune.collapse import describe_constant
 from finetune.errors import PipelineError
 from finetune.params import DataParams, Params, Paths
 from finetune.runtime import atomic_dir
@@ -94,7 +95,7 @@ def dataset_fields(data: DataParams, dataset: dict, split: str) -> dict:
             "dataset_revision": dataset.get("revision")}
 
 
-def is_labeled(scores: dict) -> bool:
+def has_metrics(scores: dict) -> bool:
     """Whether a split of metrics/eval.json has metrics (an unlabeled split has only ``examples``)."""
     return "collapsed" in scores
 
@@ -105,7 +106,7 @@ def eval_results(params: Params, task: Task, evaluation: dict, dataset: dict) ->
     return [EvalResult(task_type="text-classification", task_name="Text Classification", metric_type=metric,
                        metric_name=metric, metric_value=scores[metric], dataset_split=split,
                        **dataset_fields(params.data, dataset, split))
-            for split, scores in evaluation.items() if is_labeled(scores) for metric in task.metrics]
+            for split, scores in evaluation.items() if has_metrics(scores) for metric in task.metrics]
 
 
 def card_data(params: Params, task: Task, evaluation: dict, dataset: dict) -> ModelCardData:
@@ -129,7 +130,7 @@ def evaluation_table(task: Task, evaluation: dict) -> str:
     header = ["split", "examples", *task.metrics, "loss", f"constant baseline ({main})", "most predicted", "collapsed"]
     rows = []
     for split, s in evaluation.items():
-        if not is_labeled(s):
+        if not has_metrics(s):
             rows.append([split, s["examples"], *["—"] * (len(header) - 3), "no labels"])
             continue
         most = s.get("most_predicted")  # none for regression
@@ -144,12 +145,10 @@ def collapse_notes(task: Task, evaluation: dict) -> list[dict]:
     the constant baseline's (train's majority class or mean score, finetune/collapse.py) in words."""
     main, notes = task.metrics[0], []
     for split, s in evaluation.items():
-        if not is_labeled(s):
+        if not has_metrics(s):
             continue
         base, most = s["baseline"], s.get("most_predicted")
-        constant = (f"always predicting train's majority class '{base['class']}' ({base['share']:.1%} of the rows)"
-                    if "class" in base else f"always predicting train's mean score {base['mean']}")
-        text = f"{main} {s[main]} against {base[main]} for {constant}"
+        text = f"{main} {s[main]} against {base[main]} for always predicting {describe_constant(base)}"
         if most:
             text += f"; the model predicts '{most['class']}' for {most['share']:.1%} of the rows"
         notes.append({"split": split, "text": text, "collapsed": bool(s["collapsed"])})

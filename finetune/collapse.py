@@ -71,14 +71,21 @@ def collapse_check(task: Task, metrics: dict, predictions, baseline: dict) -> di
     return {**report, "collapsed": bool(one_class or no_better)}
 
 
+def describe_constant(baseline: dict) -> str:
+    """The constant model of ``baseline`` (``constant_baseline``) in words: "train's majority class 'x' (68.4% of
+    the rows)", or for regression "train's mean score 2.7"."""
+    if "class" in baseline:
+        return f"train's majority class {baseline['class']!r} ({baseline['share']:.1%} of the rows)"
+    return f"train's mean score {baseline['mean']}"
+
+
 def warn_if_collapsed(where: str, task: Task, metrics: dict, report: dict) -> None:
     """Log a WARNING naming ``where`` (the split, and the epoch in training), what the model predicts, the main
     metric against the baseline's, and what to try, when ``report`` (``collapse_check``) says collapsed."""
     if not report["collapsed"]:
         return
     base, main, most = report["baseline"], task.metrics[0], report.get("most_predicted")
-    constant = f"train's majority class {base['class']!r} ({base['share']:.1%} of the rows)" if "class" in base \
-        else f"train's mean score {base['mean']}"
+    constant = describe_constant(base)
     predicts = f"it predicts {most['class']!r} for {most['share']:.1%} of the rows; " if most else "its "
     log.warning("%s: the model looks collapsed (one class for nearly every row, or no better than a constant model): "
                 "%s%s %.4f against %.4f by always predicting %s. Try another train.lr (a lower one first), more "
