@@ -17,6 +17,8 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from finetune.params import EvaluateParams
 from finetune.tokenization import SWAPPED, token_lengths
 
+TEACHER_LOGITS = "teacher_logits"  # a train row's teacher logits, with distillation (finetune.distill)
+
 
 class PairCollator:
     """Dynamic padding (``DataCollatorWithPadding``: each batch padded to its longest sequence, with the
@@ -26,6 +28,10 @@ class PairCollator:
     swapped with probability ``swap``: 0 keeps the first order (s1, s2), 1 takes (s2, s1) for every row, 0.5 draws
     the order per row from ``generator`` (reseed it to replay a draw). The unused order's columns are dropped;
     rows without swapped columns pass as they are.
+
+    With distillation the train rows carry the teacher's logits (``TEACHER_LOGITS``, and ``SWAPPED`` +
+    ``TEACHER_LOGITS`` of the other order: ``finetune.distill.with_teacher_logits``): the picked order's are stacked
+    as ``teacher_logits``, a float32 tensor ``[batch, num_labels]``.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, swap: float = 0.0, seed: int = 0):
@@ -42,7 +48,11 @@ class PairCollator:
             if use_swapped:
                 kept.update({k.removeprefix(SWAPPED): v for k, v in row.items() if k.startswith(SWAPPED)})
             rows.append(kept)
-        return self.pad(rows)
+        teacher = [row.pop(TEACHER_LOGITS) for row in rows] if rows and TEACHER_LOGITS in rows[0] else None
+        batch = self.pad(rows)
+        if teacher is not None:
+            batch[TEACHER_LOGITS] = torch.tensor(teacher, dtype=torch.float32)
+        return batch
 
 
 def make_collator(tokenizer: PreTrainedTokenizerBase, swap: float = 0.0, seed: int = 0) -> PairCollator:
@@ -59,7 +69,8 @@ def train_dataloader(ds: Dataset, collator: PairCollator, batch_size: int, seed:
     of up to 50 batches and sorts each chunk by length, so a batch holds sequences of similar length and
     dynamic padding adds little (the course's random batches pad about a quarter of all tokens on MRPC).
 
-    Each batch is a dict of tensors ``[batch, seq_len]`` (``labels``: ``[batch]``).
+    Each batch is a dict of tensors ``[batch, seq_len]`` (``labels``: ``[batch]``; with distillation
+    ``teacher_logits``: ``[batch, num_labels]``).
     """
     generator = torch.Generator().manual_seed(seed)
     if group_by_length:

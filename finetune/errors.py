@@ -1,4 +1,5 @@
-"""The errors a user can cause: bad params, an unreachable source, a bad checkpoint folder, bad data, a bad batch.
+"""The errors a user can cause: bad params, an unreachable source, a bad checkpoint folder, bad data, a bad batch,
+a teacher that does not fit the task.
 
 Each is a ``PipelineError`` whose message names the file, key, split, row or rule. A stage run through
 ``finetune.runtime.run_stage`` prints that message alone and exits 1; any other exception is a bug and keeps its
@@ -28,3 +29,9 @@ class DataError(PipelineError, ValueError):
 
 class CollateError(PipelineError, AssertionError):
     """A batch breaks a rule; the message names the split, the batch index and the rule."""
+
+
+class TeacherError(PipelineError, ValueError):
+    """The teacher of knowledge distillation (``distill.teacher``, its logits in data/teacher) does not fit the task or
+    the train split: other labels, regression against classification, another row count, or logits of another
+    teacher or data; the message names data/teacher/teacher.json and ``distill.teacher``."""

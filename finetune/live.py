@@ -23,7 +23,8 @@ def open_live(directory: str | Path):
 
 class TrainLog:
     """The train stage's logs: ``<folder>/steps`` (``train/loss``: mean over the last ``log_every`` optimizer
-    steps, ``train/lr``, every ``log_every`` steps and at the last step) and ``<folder>/epochs`` (``train/loss``,
+    steps, ``train/lr``, every ``log_every`` steps and at the last step; with distillation ``train/hard_loss`` and
+    ``train/soft_loss`` the same way) and ``<folder>/epochs`` (``train/loss``, with distillation its two parts,
     ``validation/<metric>``). A resumed run replays its earlier steps and epochs through the same two methods,
     so its logs equal an uninterrupted run's. With ``folder`` None (processes other than the main one) nothing
     is written.
@@ -47,13 +48,16 @@ class TrainLog:
             log.steps.end()
             log.epochs.end()
 
-    def log_step(self, step: int, losses: list[float], lrs: list[float]) -> None:
-        """Log optimizer step ``step`` (1-based) if it is due; ``losses``, ``lrs``: one value per optimizer step."""
+    def log_step(self, step: int, losses: list[float], lrs: list[float], parts: dict | None = None) -> None:
+        """Log optimizer step ``step`` (1-based) if it is due; ``losses``, ``lrs``: one value per optimizer step;
+        ``parts``: more losses by name, one value per optimizer step each (distillation: ``train/hard_loss``,
+        ``train/soft_loss``), logged like ``train/loss``."""
         if self.steps is None or not (step % self.log_every == 0 or step == self.total_steps):
             return
-        recent = losses[max(0, step - self.log_every):step]
         self.steps.step = step
-        self.steps.log_metric("train/loss", sum(recent) / len(recent))
+        for name, values in {"train/loss": losses, **(parts or {})}.items():
+            recent = values[max(0, step - self.log_every):step]
+            self.steps.log_metric(name, sum(recent) / len(recent))
         self.steps.log_metric("train/lr", lrs[step - 1])
         self.steps.make_summary()
 
@@ -67,10 +71,10 @@ class TrainLog:
                 self.epochs.log_metric(name, value)
         self.epochs.make_summary()
 
-    def replay(self, losses: list[float], lrs: list[float], epoch_logs: list[dict]) -> None:
+    def replay(self, losses: list[float], lrs: list[float], epoch_logs: list[dict], parts: dict | None = None) -> None:
         """Log the steps and epochs that a resumed run did before it was interrupted."""
         for step in range(1, len(losses) + 1):
-            self.log_step(step, losses, lrs)
+            self.log_step(step, losses, lrs, parts)
         for entry in epoch_logs:
             self.log_epoch(entry)
 

@@ -158,6 +158,32 @@ class EvaluateParams(_Section):
     splits: list[Literal["validation", "test", "validation_mismatched", "test_mismatched"]] = Field(min_length=1)
 
 
+OWN_MODELS = "models/own"  # the user's own checkpoints and teachers live here: a dependency of download and teacher
+
+
+class DistillParams(_Section):
+    """Knowledge distillation from a fine-tuned teacher (finetune/distill.py, docs/distillation.md)."""
+
+    teacher: str | None = Field(min_length=1)  # a fine-tuned save_pretrained folder under models/own (null: off)
+    alpha: float = Field(ge=0, le=1)  # weight of the soft loss: (1 - alpha) x hard + alpha x soft
+    temperature: float = Field(gt=0)  # softens both distributions of the soft loss (classification)
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher_folder(cls, teacher: str | None) -> str | None:
+        if teacher is None:
+            return None
+        parts = Path(os.path.normpath(teacher)).parts
+        if Path(teacher).is_absolute() or parts[:2] != tuple(Path(OWN_MODELS).parts) or len(parts) < 3:
+            raise ValueError(f"{teacher!r} is not a folder under {OWN_MODELS}/; put the teacher there (a dependency of "
+                             "the teacher stage in dvc.yaml, so DVC reruns it when the teacher changes)")
+        # Relative to the working directory, the project root of a stage (a DVC-tracked folder of the project).
+        if not Path(teacher).is_dir():
+            raise ValueError(f"folder {teacher!r} not found (from {Path.cwd()}); a queued experiment sees it only "
+                             f"when it is tracked: `dvc add {teacher}` (docs/distillation.md)")
+        return teacher
+
+
 class Params(_Section):
     """The whole of params.yaml. Every key is required: params.yaml is the one source of defaults."""
 
@@ -166,6 +192,7 @@ class Params(_Section):
     tokenize: TokenizeParams
     train: TrainParams
     evaluate: EvaluateParams
+    distill: DistillParams
 
 
 def load_params(path: str | Path = PARAMS_FILE) -> Params:
@@ -245,6 +272,10 @@ class Paths:
     @property
     def tokenized(self) -> Path:  # tokenize: DatasetDict.save_to_disk
         return self.root / "data" / "tokenized"
+
+    @property
+    def teacher(self) -> Path:  # teacher: the teacher's train logits and teacher.json (finetune/distill.py)
+        return self.root / "data" / "teacher"
 
     @property
     def predictions(self) -> Path:  # evaluate: <split>.csv

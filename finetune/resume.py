@@ -37,15 +37,19 @@ class RunState:
     lrs: list = field(default_factory=list)  # learning rate after every optimizer step
     epoch_logs: list = field(default_factory=list)  # one dict per epoch: train loss and validation metrics
     stopping: dict = field(default_factory=dict)  # EarlyStopping fields
+    # with distillation: {"train/hard_loss": [...], "train/soft_loss": [...]}, one value per optimizer step
+    loss_parts: dict = field(default_factory=dict)
 
 
-def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int) -> str:
+def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int,
+                    teacher: dict | None = None) -> str:
     """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
 
     Covers the train params (except ``resume``, ``log_every``), ``model.pooling``, the evaluation batching, the
     accelerate config file and the number of processes, the tokenized data (datasets' fingerprint of each split) and
-    its task, the pretrained checkpoint's config and weights' sizes, and the code (``finetune.code.code_digest`` of
-    the train stage: every project file it runs).
+    its task, the pretrained checkpoint's config and weights' sizes, the code (``finetune.code.code_digest`` of
+    the train stage: every project file it runs) and, with distillation, the ``distill`` params and ``teacher``
+    (``finetune.distill.Teacher.fingerprint``: its identity and the hash of its logits; None: distillation off).
     """
     weights = sorted((f.name, f.stat().st_size) for f in paths.pretrained.glob("*.safetensors"))
     accelerate_config = Path(params.train.accelerate_config)
@@ -60,6 +64,7 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
         "config": (paths.pretrained / "config.json").read_text(),
         "weights": weights,
         "code": code_digest("stages.train"),
+        "distill": None if teacher is None else {"params": params.distill.model_dump(), "teacher": teacher},
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -3,8 +3,9 @@
 The loop of the Hugging Face course, chapter 3 "A full training" (https://huggingface.co/learn/llm-course/chapter3/4)
 and of transformers' examples/pytorch/text-classification/run_glue_no_trainer.py: AdamW, a schedule from
 ``transformers.get_scheduler``, ``accelerator.accumulate`` / ``accelerator.backward``, validation after every epoch.
-On top: the best epoch is kept, early stopping, and a checkpoint after every epoch that ``train.resume`` continues
-from after an interruption (finetune/resume.py).
+On top: the best epoch is kept, early stopping, a checkpoint after every epoch that ``train.resume`` continues
+from after an interruption (finetune/resume.py), and knowledge distillation from a teacher's logits
+(``distill.*``, finetune/distill.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from finetune.batches import PairCollator, evaluation_loaders, make_collator, train_dataloader
 from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
+from finetune.distill import Distillation, load_teacher, with_teacher_logits
 from finetune.errors import ParamsError
 from finetune.evaluation import evaluate_split, load_metric, predictions_of
 from finetune.live import TrainLog
@@ -91,6 +93,7 @@ class Run:
     baseline: dict  # the constant model of train's labels on validation (finetune.collapse.constant_baseline)
     resumed_from: int = 0  # the epoch a resumed run continued after (0: a fresh run)
     compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
+    distill: Distillation | None = None  # with distill.teacher: the loss on the teacher's logits too
 
 
 def train(params: Params, paths: Paths) -> dict:
@@ -102,6 +105,8 @@ def train(params: Params, paths: Paths) -> dict:
     steps if set, else ``epochs`` epochs, and stops sooner after ``early_stopping_patience`` epochs without the
     validation ``metric_for_best`` improving. ``paths.trained`` gets the best epoch's weights with ``keep_best``,
     else the last epoch's. With ``resume``, a run whose fingerprint matches a checkpoint continues after its epoch.
+    With ``distill.teacher``, the loss mixes the labels with the teacher's logits of ``paths.teacher``
+    (``finetune.distill.distillation_loss``); without, nothing of distillation runs.
 
     Returns:
         metrics, see ``final_metrics``.
@@ -109,6 +114,8 @@ def train(params: Params, paths: Paths) -> dict:
     Raises:
         CheckpointError: ``paths.pretrained`` lacks config, weights or tokenizer, or has a head of another size.
         ParamsError: ``train.metric_for_best`` is not a metric of the data's task.
+        TeacherError: with ``distill.teacher``, the teacher's logits do not fit the task or the train split
+            (``finetune.distill.load_teacher``).
     """
     start = time.perf_counter()
     # the run: model, data, optimizer, schedule; then a fresh state or the last checkpoint's
@@ -117,7 +124,7 @@ def train(params: Params, paths: Paths) -> dict:
     # epochs: train, then validate, early-stop, keep the best, checkpoint; logs replayed first on resume
     with TrainLog.open(paths.train_logs, run.accelerator.is_main_process, run.p.log_every,
                        run.schedule.total_steps) as logs:
-        logs.replay(state.losses, state.lrs, state.epoch_logs)
+        logs.replay(state.losses, state.lrs, state.epoch_logs, state.loss_parts)
         progress = tqdm(total=run.schedule.total_steps, initial=state.step, desc="train", unit="step",
                         disable=not run.accelerator.is_local_main_process)
         while state.epoch < run.schedule.epochs and state.step < run.schedule.total_steps and not stopping.should_stop:
@@ -145,11 +152,13 @@ def build_run(params: Params, paths: Paths) -> Run:
         raise ParamsError(f"params.yaml: {err}") from None
     tokenized = load_from_disk(str(paths.tokenized))
     check_swap_pairs(p, task, tokenized["train"].column_names)
+    teacher = load_teacher(params.distill, paths.teacher, task, tokenized["train"])  # None: distillation off
+    train_rows = tokenized["train"] if teacher is None else with_teacher_logits(tokenized["train"], teacher)
     model = load_classifier(paths.pretrained, task, params.model.pooling)
     model.config.swap_pairs = p.swap_pairs  # saved in config.json: evaluation averages both orders when true
     parameters = sum(t.numel() for t in model.parameters())
     train_collator = make_collator(tokenizer, swap=0.5 if p.swap_pairs else 0.0, seed=p.seed)
-    train_dl = train_dataloader(tokenized["train"], train_collator, p.batch_size, p.seed, p.group_by_length)
+    train_dl = train_dataloader(train_rows, train_collator, p.batch_size, p.seed, p.group_by_length)
     batch_order = train_dl.generator
     val_dls, _ = evaluation_loaders(tokenized["validation"], tokenizer, params.evaluate, p.swap_pairs)
     optimizer = make_optimizer(model, p)
@@ -165,11 +174,19 @@ def build_run(params: Params, paths: Paths) -> Run:
              accelerator.device, p.batch_size, p.gradient_accumulation_steps, mixed_precision, p.lr, p.layer_lr_decay,
              p.scheduler, schedule.warmup_steps, params.model.pooling,
              "pairs in both orders" if p.swap_pairs else "pairs as given", threads)
-    fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes)
+    distill = None
+    if teacher is not None:
+        d = params.distill
+        distill = Distillation(d.alpha, d.temperature, task.is_regression, teacher.identity)
+        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g", d.teacher,
+                 teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature)
+    fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes,
+                                  teacher.fingerprint() if teacher is not None else None)
     baseline = constant_baseline(task, load_metric(task), tokenized["train"]["labels"],
                                  tokenized["validation"]["labels"])
     return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dls,
-               batch_order, train_collator, schedule, fingerprint, mixed_precision, parameters, baseline)
+               batch_order, train_collator, schedule, fingerprint, mixed_precision, parameters, baseline,
+               distill=distill)
 
 
 def check_swap_pairs(p: TrainParams, task: Task, train_columns: list[str]) -> None:
@@ -209,19 +226,26 @@ def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
 
 
 def train_epoch(run: Run, state: RunState, logs: TrainLog, progress: tqdm) -> list[float]:
-    """One epoch of optimizer steps (fewer when the run's last step comes first); returns each step's train loss."""
+    """One epoch of optimizer steps (fewer when the run's last step comes first); returns each step's train loss.
+    With distillation, each step's hard and soft loss go to ``state.loss_parts``."""
     p, accelerator, model = run.p, run.accelerator, run.model
     epoch = state.epoch + 1
     run.batch_order.manual_seed(p.seed + epoch)
     run.train_collator.generator.manual_seed(p.seed + epoch)
     model.train()
     step_losses, micro_losses = [], []
+    micro_parts: dict[str, list[float]] = {}  # distillation: hard and soft loss of each batch of this step
     epoch_start = time.perf_counter()
     for batch in run.train_dl:
         step_start = time.perf_counter()
         # forward, backward; the optimizer steps once every gradient_accumulation_steps batches
         with accelerator.accumulate(model):
-            loss = model(**batch).loss
+            if run.distill is None:
+                loss = model(**batch).loss
+            else:
+                loss, hard, soft = run.distill.loss(model, batch)
+                micro_parts.setdefault("train/hard_loss", []).append(hard.item())
+                micro_parts.setdefault("train/soft_loss", []).append(soft.item())
             accelerator.backward(loss)
             if accelerator.sync_gradients and p.max_grad_norm:
                 accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
@@ -241,10 +265,12 @@ def train_epoch(run: Run, state: RunState, logs: TrainLog, progress: tqdm) -> li
         state.losses.append(sum(micro_losses) / len(micro_losses))
         state.lrs.append(max(run.scheduler.get_last_lr()))  # the head's, with train.layer_lr_decay
         step_losses.append(state.losses[-1])
-        micro_losses = []
+        for name, values in micro_parts.items():
+            state.loss_parts.setdefault(name, []).append(sum(values) / len(values))
+        micro_losses, micro_parts = [], {}
         progress.update(1)
         progress.set_postfix(epoch=epoch, loss=f"{state.losses[-1]:.4f}", lr=f"{state.lrs[-1]:.2e}")
-        logs.log_step(state.step, state.losses, state.lrs)
+        logs.log_step(state.step, state.losses, state.lrs, state.loss_parts)
         if state.step == run.schedule.total_steps:
             break
     state.train_seconds += time.perf_counter() - epoch_start
@@ -259,14 +285,18 @@ def end_of_epoch(run: Run, state: RunState, stopping: EarlyStopping, step_losses
     p, main = run.p, run.task.metrics[0]
     validation, logits = evaluate_split(run.model, run.val_dls, run.accelerator, run.task, load_metric(run.task),
                                         desc="validation")
+    parts = {name: values[-len(step_losses):] for name, values in state.loss_parts.items()}  # distillation's
     entry = {"epoch": state.epoch, "train/loss": sum(step_losses) / len(step_losses),
+             **{name: sum(values) / len(values) for name, values in parts.items()},
              **{f"validation/{name}": value for name, value in validation.items()}}
     state.epoch_logs.append(entry)
     improved = stopping.update(validation[run.metric_for_best], state.epoch)
     state.stopping = asdict(stopping)
     scores = ", ".join(f"{name} {value:.4f}" for name, value in validation.items())
-    log.info("Epoch %d/%d: train loss %.4f | validation %s (constant baseline: %s %.4f)%s", state.epoch,
-             run.schedule.epochs, entry["train/loss"], scores, main, run.baseline[main],
+    log.info("Epoch %d/%d: train loss %.4f%s | validation %s (constant baseline: %s %.4f)%s", state.epoch,
+             run.schedule.epochs, entry["train/loss"],
+             "".join(f", {name.removeprefix('train/').replace('_', ' ')} {entry[name]:.4f}" for name in parts),
+             scores, main, run.baseline[main],
              f" | best {run.metric_for_best} so far" if improved else
              f" | no improvement for {stopping.bad_epochs} epoch(s)")
     report = collapse_check(run.task, validation, predictions_of(logits, run.task), run.baseline)
@@ -311,8 +341,9 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
     (train samples/s), ``wall_seconds`` (the whole call: loading, training, validation, saving), ``peak_memory_mb``
     (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``), ``parameters``, ``padding_fraction`` (padding / all tokens
     of the training batches), ``real_tokens``, ``mixed_precision``, ``device`` (``describe_device``), ``validation_baseline`` (the constant model of
-    train's labels scored on validation: ``finetune.collapse.constant_baseline``) and, with ``torch_compile``,
-    ``compile_seconds``.
+    train's labels scored on validation: ``finetune.collapse.constant_baseline``), with ``torch_compile``
+    ``compile_seconds``, and with distillation ``distill``: the teacher (``distill.teacher``) and its model type,
+    ``alpha``, ``temperature`` and the last epoch's mean ``final_hard_loss`` and ``final_soft_loss``.
     """
     p = run.p
     kept = next(e for e in state.epoch_logs if e["epoch"] == stopping.best_epoch) if p.keep_best else \
@@ -340,6 +371,13 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
     }
     if run.compile_seconds is not None:
         metrics["compile_seconds"] = round(run.compile_seconds, 1)
+    if run.distill is not None:
+        last = state.epoch_logs[-1]
+        metrics["distill"] = {"teacher": run.distill.teacher["teacher"],
+                              "teacher_model_type": run.distill.teacher["model_type"], "alpha": run.distill.alpha,
+                              "temperature": run.distill.temperature,
+                              "final_hard_loss": round(last["train/hard_loss"], 4),
+                              "final_soft_loss": round(last["train/soft_loss"], 4)}
     if torch.cuda.is_available():
         metrics["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return metrics

@@ -1,4 +1,4 @@
-"""Stage 6, card: the model folder users load, with its model card.
+"""Stage 7, card: the model folder users load, with its model card.
 
 Copies models/trained (the train stage's model, tokenizer and task.json) to models/finetuned/ and adds README.md,
 the model card (finetune/card.py): base model, data and their hashes, label names, metrics/eval.json as

@@ -1,4 +1,4 @@
-"""Stage 5, evaluate: the task's metrics of the fine-tuned model (models/trained) on validation and test (where
+"""Stage 6, evaluate: the task's metrics of the fine-tuned model (models/trained) on validation and test (where
 they exist and have labels), with predictions for every split.
 
 Writes metrics/eval.json ``{"validation": {"loss", <the task's metrics>, "examples", "baseline", "most_predicted",

@@ -1,4 +1,4 @@
-"""Stage 4, train: fine-tune the pretrained checkpoint on the train split with an explicit loop on Accelerate.
+"""Stage 5, train: fine-tune the pretrained checkpoint on the train split with an explicit loop on Accelerate.
 
 The loop itself is finetune/training.py. Run as ``accelerate launch --config_file <train.accelerate_config> -m
 stages.train`` (dvc.yaml does, after ``python -m finetune.params`` checked params.yaml), or plainly as ``python -m

@@ -1,0 +1,351 @@
+"""Knowledge distillation: a fine-tuned teacher's logits for every train row (the teacher stage), riding with each
+train batch, and the loss that mixes the labels with them (the train stage).
+
+The loss (``distillation_loss``) is Hinton, Vinyals & Dean 2015, "Distilling the Knowledge in a Neural Network"
+(https://arxiv.org/abs/1503.02531): ``(1 - alpha) * hard + alpha * soft``, the soft loss the KL divergence between the
+teacher's and the student's class distributions softened by a temperature T and scaled by T^2, so its gradients keep
+their size as T changes; DistilBERT (Sanh et al. 2019, https://arxiv.org/abs/1910.01108) distils BERT with it. For
+regression the soft target is the teacher's score.
+
+The teacher is any model this pipeline fine-tuned on the same task (a ``save_pretrained`` folder under models/own,
+``distill.teacher``), of any family and tokenizer: it reads the texts of data/raw with its own tokenizer, row for row
+with the student's data/tokenized. data/teacher holds:
+
+- ``logits.npy``: ``[rows, num_labels]`` float32 (``[rows, 1]``, the score, for regression), row i of the train split
+  of data/tokenized (and data/raw) in row i;
+- ``logits_swapped.npy``: the same of each pair in the other order, where data/tokenized holds both orders
+  (``train.swap_pairs``), so a row trained in the swapped order is taught by the teacher's logits of that order;
+- ``teacher.json``: the teacher's identity (folder, ``_name_or_path``, model type, sha256 of its weights, labels, task
+  type), the rows and the data's fingerprint, precision, device and seconds; with ``distill.teacher: null`` only
+  ``{"distillation": false, ...}``.
+
+torch, transformers and datasets are imported inside the functions that use them: the teacher stage with
+distillation off imports none of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from finetune.errors import DataError, TeacherError
+from finetune.params import DistillParams, Params, Paths
+from finetune.runtime import atomic_dir, write_json
+from finetune.tasks import Task
+
+if TYPE_CHECKING:
+    import torch
+    from datasets import Dataset
+
+log = logging.getLogger(__name__)
+
+TEACHER_FILE = "teacher.json"  # in data/teacher: the teacher's identity, or that distillation is off
+LOGITS_FILE = "logits.npy"  # [rows, num_labels] float32, the train split's row order
+SWAPPED_LOGITS_FILE = "logits_swapped.npy"  # the same, each pair in the other order (train.swap_pairs)
+WEIGHT_SUFFIXES = (".safetensors", ".bin")  # the weights files of a save_pretrained folder, hashed into teacher.json
+
+
+# --- the loss -------------------------------------------------------------------------------------------------------
+
+def distillation_loss(student: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor, alpha: float,
+                      temperature: float, regression: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(loss, hard, soft)`` of a batch, each a scalar: ``loss = (1 - alpha) * hard + alpha * soft``.
+
+    Classification: ``hard`` is the cross-entropy of ``student`` against ``labels`` (what the model's own loss
+    computes), ``soft = T^2 * KL(softmax(teacher / T) || softmax(student / T))`` averaged over the batch (``T``:
+    ``temperature``; Hinton et al. 2015, https://arxiv.org/abs/1503.02531, section 2: the T^2 keeps the soft
+    gradients' size as T changes; DistilBERT, https://arxiv.org/abs/1910.01108). Regression: ``hard`` is the mean
+    squared error to the label, ``soft`` to the teacher's score (no temperature).
+
+    Args:
+        student: the student's logits ``[batch, num_labels]`` (``[batch, 1]`` for regression); computed in float32.
+        labels: class ids ``[batch]`` (int64), or scores ``[batch]`` for regression.
+        teacher: the teacher's logits, the shape of ``student``.
+        alpha: weight of the soft loss, in [0, 1] (0: the labels only; 1: the teacher only).
+    """
+    import torch.nn.functional as F
+
+    student, teacher = student.float(), teacher.float().to(student.device)
+    if regression:
+        hard = F.mse_loss(student[:, 0], labels.to(student.dtype))
+        soft = F.mse_loss(student[:, 0], teacher[:, 0])
+    else:
+        hard = F.cross_entropy(student, labels)
+        soft = temperature ** 2 * F.kl_div(F.log_softmax(student / temperature, dim=-1),
+                                           F.log_softmax(teacher / temperature, dim=-1),
+                                           reduction="batchmean", log_target=True)
+    return (1 - alpha) * hard + alpha * soft, hard, soft
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """What the train loop needs to distil: the loss's params and the teacher's identity (teacher.json)."""
+
+    alpha: float
+    temperature: float
+    regression: bool
+    teacher: dict
+
+    def loss(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(loss, hard, soft)`` of ``model`` on a train ``batch`` with ``teacher_logits`` (``distillation_loss``);
+        the model runs without labels, so its own loss is not computed twice."""
+        from finetune.batches import TEACHER_LOGITS
+
+        inputs = {k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS)}
+        return distillation_loss(model(**inputs).logits, batch["labels"], batch[TEACHER_LOGITS], self.alpha,
+                                 self.temperature, self.regression)
+
+
+# --- the teacher stage ----------------------------------------------------------------------------------------------
+
+def write_off(folder: Path) -> dict:
+    """``folder/teacher.json`` saying distillation is off (``distill.teacher: null``), atomically; nothing else. The
+    content is constant, so the train stage's dependency on ``folder`` does not change."""
+    off = {"distillation": False, "teacher": None,
+           "note": "distill.teacher is null: distillation is off, the train stage learns from the labels only"}
+    with atomic_dir(folder) as tmp:
+        write_json(tmp / TEACHER_FILE, off)
+    return off
+
+
+def card_base_model(folder: Path) -> str | None:
+    """``base_model`` of the model card ``folder/README.md`` (its YAML header, as the card stage writes it for
+    models/finetuned), or None without a card or that key."""
+    from ruamel.yaml import YAML, YAMLError
+
+    card = folder / "README.md"
+    text = card.read_text() if card.is_file() else ""
+    if not text.startswith("---") or text.count("---") < 2:
+        return None
+    try:
+        header = YAML(typ="safe", pure=True).load(text.split("---", 2)[1])
+    except YAMLError:
+        return None
+    return header.get("base_model") if isinstance(header, dict) else None
+
+
+def describe_teacher(folder: Path, teacher: str) -> dict:
+    """The identity of the teacher checkpoint ``folder`` (``distill.teacher`` is ``teacher``), from its config.json:
+    ``teacher``, ``name_or_path`` (config's ``_name_or_path``, which transformers 5 no longer saves: often None),
+    ``base_model`` (its model card's, for a models/finetuned folder of this pipeline), ``model_type``,
+    ``architectures``, ``weights`` (file -> sha256), ``task_type`` (regression or classification), ``num_labels`` and
+    ``id2label``.
+
+    Raises:
+        CheckpointError: the folder lacks config, weights or tokenizer.
+    """
+    from finetune.sources import check_checkpoint
+    from finetune.split_zip import sha256_file
+
+    check_checkpoint(folder)
+    config = json.loads((folder / "config.json").read_text())
+    id2label = {str(k): v for k, v in (config.get("id2label") or {}).items()}
+    num_labels = len(id2label) or config.get("num_labels", 2)
+    regression = config.get("problem_type") == "regression" or (config.get("problem_type") is None and num_labels == 1)
+    return {"distillation": True, "teacher": teacher, "name_or_path": config.get("_name_or_path"),
+            "base_model": card_base_model(folder), "model_type": config.get("model_type"),
+            "architectures": config.get("architectures"),
+            "weights": {f.name: sha256_file(f) for f in sorted(folder.iterdir()) if f.suffix in WEIGHT_SUFFIXES},
+            "task_type": "regression" if regression else "classification", "num_labels": num_labels,
+            "id2label": id2label}
+
+
+def check_labels(identity: dict, task: Task, where: str) -> None:
+    """The teacher (``identity``: teacher.json's fields) predicts what the task's student learns: the same task type,
+    and for classification the same class names in the same id order.
+
+    Raises:
+        TeacherError: naming ``where`` and ``distill.teacher``.
+    """
+    teacher = f"the teacher {identity['teacher']!r} (distill.teacher)"
+    kind = "regression" if task.is_regression else "classification"
+    if identity["task_type"] != kind:
+        raise TeacherError(f"{where}: {teacher} is a {identity['task_type']} model, but task {task.name!r} is "
+                           f"{kind}; a teacher must be fine-tuned on the same task")
+    if task.is_regression:
+        return
+    names = [identity["id2label"].get(str(i)) for i in range(identity["num_labels"])]
+    if names != list(task.label_names):
+        raise TeacherError(f"{where}: {teacher} has {len(names)} labels {names}, but task {task.name!r} has "
+                           f"{task.num_labels} {list(task.label_names)}; a teacher must be fine-tuned on the same "
+                           "labels, in the same id order")
+
+
+def check_aligned(raw: Dataset, tokenized: Dataset, paths: Paths) -> None:
+    """The train splits of data/raw (the teacher's texts) and data/tokenized (the student's rows) are the same rows
+    in the same order: the same count, and the same label in every row where both have labels.
+
+    Raises:
+        DataError: naming both folders and the first row that differs.
+    """
+    if len(raw) != len(tokenized):
+        raise DataError(f"{paths.raw}: {len(raw)} train rows, but {paths.tokenized} has {len(tokenized)}: the teacher "
+                        f"reads the texts of {paths.raw} row for row; rerun `dvc repro tokenize`")
+    if "label" in raw.column_names and "labels" in tokenized.column_names:
+        differ = np.flatnonzero(np.asarray(raw["label"]) != np.asarray(tokenized["labels"]))
+        if differ.size:
+            raise DataError(f"{paths.raw}: train row {int(differ[0])} (idx={raw[int(differ[0])]['idx']}) has another "
+                            f"label than row {int(differ[0])} of {paths.tokenized} ({differ.size} rows differ): the "
+                            "splits are not in the same order; rerun `dvc repro tokenize`")
+
+
+def teacher_logits(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    """The teacher's logits of every row of the train split, in the row order of ``paths.tokenized``.
+
+    The teacher (``paths.root / distill.teacher``) is loaded as the evaluate stage loads a fine-tuned model
+    (``load_finetuned``); it tokenizes the texts of ``paths.raw``'s train split with its own tokenizer (truncated at
+    ``tokenize.max_length``, at most its ``model_max_length``) and runs in eval mode without gradients, in batches of
+    ``evaluate.batch_size`` with dynamic padding (sorted by length with ``evaluate.sort_by_length``, put back in row
+    order), under the mixed precision ``train.mixed_precision`` resolves to. Where data/tokenized holds each pair in
+    both orders (``train.swap_pairs``), the pairs in the other order are scored too.
+
+    Returns:
+        ``(logits, logits_swapped, identity)``: float32 ``[rows, num_labels]`` (``[rows, 1]`` for regression), the
+        same for the swapped pairs or None, and teacher.json's content (``describe_teacher`` and ``rows``,
+        ``swapped``, ``data`` (rows and datasets' fingerprint of the tokenized train split), ``max_length``,
+        ``mixed_precision``, ``device``, ``seconds``).
+
+    Raises:
+        CheckpointError: the teacher folder lacks config, weights or tokenizer.
+        TeacherError: the teacher's labels or task type differ from the task's (``check_labels``).
+        DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``).
+    """
+    from datasets import DatasetDict, load_from_disk
+    from transformers import AutoTokenizer
+
+    from finetune.batches import evaluation_loaders
+    from finetune.evaluation import split_logits
+    from finetune.modeling import load_finetuned
+    from finetune.runtime import describe_device, make_accelerator, resolve_mixed_precision, set_cpu_threads
+    from finetune.tokenization import SWAPPED, tokenize
+
+    start = time.perf_counter()
+    folder = paths.root / params.distill.teacher
+    task = Task.load(paths.tokenized)
+    identity = describe_teacher(folder, params.distill.teacher)
+    check_labels(identity, task, str(folder / "config.json"))
+    raw, tokenized = load_from_disk(str(paths.raw))["train"], load_from_disk(str(paths.tokenized))["train"]
+    check_aligned(raw, tokenized, paths)
+    swapped = SWAPPED + "input_ids" in tokenized.column_names
+
+    set_cpu_threads(None)
+    mixed_precision = resolve_mixed_precision(params.train.mixed_precision)
+    accelerator = make_accelerator(mixed_precision=mixed_precision)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = accelerator.prepare(load_finetuned(folder))
+    max_length = min(params.tokenize.max_length or tokenizer.model_max_length, tokenizer.model_max_length)
+    log.info("Teacher %s (%s, %s) on %d train rows%s, %s tokenizer (truncation at %d tokens), mixed precision %s, %s",
+             params.distill.teacher, identity["model_type"], identity["task_type"], len(raw),
+             " in both orders" if swapped else "", type(tokenizer).__name__, max_length, mixed_precision,
+             accelerator.device)
+    encoded = tokenize(DatasetDict({"train": raw}), tokenizer, max_length, task.text_columns, swapped)["train"]
+    loaders, order = evaluation_loaders(encoded, tokenizer, params.evaluate, both_orders=swapped)
+    outputs = []
+    for i, loader in enumerate(loaders):
+        logits, _ = split_logits(model, accelerator.prepare(loader), accelerator,
+                                 desc="teacher (swapped)" if i else "teacher")
+        if order is not None:  # back to row order
+            logits = logits[np.argsort(order)]
+        outputs.append(logits.numpy().astype(np.float32))
+    identity.update({"rows": len(raw), "swapped": swapped,
+                     "data": {"rows": len(tokenized), "fingerprint": tokenized._fingerprint},
+                     "max_length": max_length, "mixed_precision": mixed_precision,
+                     "device": describe_device(accelerator.device),
+                     "seconds": round(time.perf_counter() - start, 1)})
+    return outputs[0], outputs[1] if swapped else None, identity
+
+
+def save_teacher(folder: Path, logits: np.ndarray, logits_swapped: np.ndarray | None, identity: dict) -> None:
+    """``logits.npy``, ``logits_swapped.npy`` (when not None) and ``teacher.json`` into ``folder``, atomically: a
+    failure leaves the previous folder as it was."""
+    with atomic_dir(folder) as tmp:
+        np.save(tmp / LOGITS_FILE, logits)
+        if logits_swapped is not None:
+            np.save(tmp / SWAPPED_LOGITS_FILE, logits_swapped)
+        write_json(tmp / TEACHER_FILE, identity)
+
+
+# --- the train stage's side -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Teacher:
+    """The teacher stage's output as the train stage reads it."""
+
+    identity: dict  # teacher.json
+    logits: np.ndarray  # [rows, num_labels] float32, the train split's row order
+    logits_swapped: np.ndarray | None  # the same of each pair in the other order, or None
+
+    def fingerprint(self) -> dict:
+        """What of the teacher decides a run's result, for the resume fingerprint (``finetune.resume``): its identity
+        (not its seconds) and the sha256 of its logits."""
+        arrays = [self.logits] + ([self.logits_swapped] if self.logits_swapped is not None else [])
+        return {"identity": {k: v for k, v in self.identity.items() if k != "seconds"},
+                "logits": hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()}
+
+
+def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> Teacher | None:
+    """The teacher's logits of ``train`` (the tokenized train split) from ``folder`` (data/teacher), checked; None
+    when distillation is off (``distill.teacher: null``: ``folder`` is not read).
+
+    Raises:
+        TeacherError: naming ``folder/teacher.json`` and ``distill.teacher``: no teacher.json, or one of another
+            teacher or saying distillation is off (a stale output: rerun the teacher stage); the teacher's labels or
+            task type differ from the task's; its logits have another row count or label count than ``train``
+            and ``task``, lack or have the swapped order where ``train`` has or lacks it, or are of other data.
+    """
+    if p.teacher is None:
+        return None
+    from finetune.tokenization import SWAPPED
+
+    file = folder / TEACHER_FILE
+    rerun = f"(distill.teacher: {p.teacher!r}); rerun `dvc repro teacher`"
+    if not file.is_file():
+        raise TeacherError(f"{file}: not found {rerun}")
+    identity = json.loads(file.read_text())
+    if not identity.get("distillation"):
+        raise TeacherError(f"{file}: says distillation is off {rerun}")
+    if os.path.normpath(identity["teacher"]) != os.path.normpath(p.teacher):
+        raise TeacherError(f"{file}: holds the logits of teacher {identity['teacher']!r}, not of {rerun}")
+    check_labels(identity, task, str(file))
+    logits = np.load(folder / LOGITS_FILE)
+    swapped_file = folder / SWAPPED_LOGITS_FILE
+    logits_swapped = np.load(swapped_file) if swapped_file.is_file() else None
+    for name, array in ((LOGITS_FILE, logits), (SWAPPED_LOGITS_FILE, logits_swapped)):
+        if array is None:
+            continue
+        if len(array) != len(train) or identity["rows"] != len(train):
+            raise TeacherError(f"{file}: {identity['rows']} rows of teacher logits ({name}: {len(array)}), but the "
+                               f"train split of data/tokenized has {len(train)}: they are of other data {rerun}")
+        if array.ndim != 2 or array.shape[1] != task.num_labels:
+            raise TeacherError(f"{file}: {name} has shape {list(array.shape)}, expected [{len(train)}, "
+                               f"{task.num_labels}] {rerun}")
+    has_swapped = SWAPPED + "input_ids" in train.column_names
+    if has_swapped != (logits_swapped is not None):
+        raise TeacherError(f"{file}: " + ("no logits of the swapped pairs, but data/tokenized holds both orders"
+                                          if has_swapped else "logits of the swapped pairs, but data/tokenized holds "
+                                          "one order") + f" {rerun}")
+    if identity["data"]["fingerprint"] != train._fingerprint:
+        raise TeacherError(f"{file}: the logits are of another data/tokenized (fingerprint "
+                           f"{identity['data']['fingerprint']}, now {train._fingerprint}) {rerun}")
+    return Teacher(identity, logits, logits_swapped)
+
+
+def with_teacher_logits(train: Dataset, teacher: Teacher) -> Dataset:
+    """``train`` with the teacher's logits of each row as a column (``teacher_logits``, and ``swapped_teacher_logits``
+    beside the swapped pairs), so they ride with their row through shuffling, length grouping and the processes'
+    shards; ``finetune.batches.PairCollator`` takes the order it picks and stacks them ``[batch, num_labels]``."""
+    from finetune.batches import TEACHER_LOGITS
+    from finetune.tokenization import SWAPPED
+
+    train = train.add_column(TEACHER_LOGITS, teacher.logits.tolist())
+    if teacher.logits_swapped is not None:
+        train = train.add_column(SWAPPED + TEACHER_LOGITS, teacher.logits_swapped.tolist())
+    return train

@@ -1,0 +1,36 @@
+"""Stage 4, teacher: the logits of a fine-tuned teacher for every train row, for knowledge distillation.
+
+With ``distill.teacher`` (a fine-tuned model folder under models/own, of any family and tokenizer), the teacher reads
+the train split's texts of data/raw with its own tokenizer, in the row order of data/tokenized, and writes
+data/teacher/: ``logits.npy`` (``[rows, num_labels]`` float32), ``logits_swapped.npy`` where data/tokenized holds
+each pair in both orders (``train.swap_pairs``), and ``teacher.json`` (its identity: folder, model type, weights'
+sha256, labels, rows, seconds). With ``distill.teacher: null`` it writes only ``teacher.json`` saying distillation is
+off, loading nothing. The folder is written atomically (finetune/distill.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from finetune.distill import save_teacher, teacher_logits, write_off
+from finetune.params import Paths, load_params
+from finetune.runtime import run_stage
+
+log = logging.getLogger(__name__)
+
+
+def main() -> None:
+    params, paths = load_params(), Paths()
+    if params.distill.teacher is None:
+        write_off(paths.teacher)
+        log.info("distill.teacher is null: distillation is off; wrote %s only", paths.teacher / "teacher.json")
+        return
+    logits, logits_swapped, identity = teacher_logits(params, paths)
+    save_teacher(paths.teacher, logits, logits_swapped, identity)
+    log.info("Wrote the teacher's logits %s%s of %d train rows to %s (%.1f s)", list(logits.shape),
+             " in both orders" if logits_swapped is not None else "", identity["rows"], paths.teacher,
+             identity["seconds"])
+
+
+if __name__ == "__main__":
+    run_stage(main)
