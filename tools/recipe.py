@@ -1,0 +1,145 @@
+"""Per-task recipes: the `dvc exp run` that trains a GLUE task with the settings chosen for it.
+
+Not a pipeline stage. A recipe is a partial params file, ``configs/tasks/<task>.yaml``, holding only what differs
+from the committed ``params.yaml`` (the MRPC defaults); its comments say how it was chosen and what it scored. DVC
+reads one params.yaml per project and `dvc exp run -S` takes key=value pairs, not a file, so this turns a recipe
+into those pairs. `dvc exp run` in the workspace starts from whatever params the last experiment left there, so the
+pairs are every key where "committed params.yaml + recipe" differs from the workspace's params.yaml: the run gets
+exactly the recipe, whatever ran before.
+
+    python -m tools.recipe rte                              # print the command
+    python -m tools.recipe rte --run                        # run it (seed of the recipe)
+    python -m tools.recipe rte --seeds 42 1 2 --queue --run # queue three seeds; then `dvc queue start`
+
+Where each recipe came from: metrics/tasks/README.md, "Per-task recipes".
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+
+from finetune.errors import ParamsError
+from finetune.params import PARAMS_FILE, validate_params
+
+RECIPES = Path("configs/tasks")
+
+
+def _yaml():
+    return YAML(typ="safe", pure=True)  # YAML 1.2, as DVC reads params.yaml
+
+
+def read_yaml(text: str, source: str) -> dict:
+    """``text`` as a mapping of params sections.
+
+    Raises:
+        ParamsError: not YAML, or not a mapping of sections to mappings; the message names ``source``.
+    """
+    try:
+        raw = _yaml().load(text) or {}
+    except Exception as err:  # ruamel raises several YAMLError subclasses
+        raise ParamsError(f"{source}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise ParamsError(f"{source}: expected sections (data, model, train, ...) of key: value pairs")
+    return raw
+
+
+def load_recipe(task: str, recipes: Path = RECIPES) -> dict:
+    """The recipe of ``task`` (``configs/tasks/<task>.yaml``) as ``{"section": {"key": value}}``.
+
+    Raises:
+        ParamsError: no such recipe (the message lists those there), or it is not a params mapping.
+    """
+    path = recipes / f"{task}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in recipes.glob("*.yaml"))
+        raise ParamsError(f"{path}: no recipe for {task!r}; recipes: {', '.join(known) or 'none'}")
+    return read_yaml(path.read_text(), str(path))
+
+
+def committed_params() -> dict:
+    """params.yaml as committed at HEAD (the defaults a recipe changes)."""
+    text = subprocess.run(["git", "show", f"HEAD:{PARAMS_FILE}"], check=True, capture_output=True, text=True).stdout
+    return read_yaml(text, f"HEAD:{PARAMS_FILE}")
+
+
+def flow(value: Any) -> str:
+    """``value`` as DVC's ``-S`` parses it: YAML flow style on one line (``null``, ``true``, ``3e-05``)."""
+    out = io.StringIO()
+    yaml = _yaml()
+    yaml.default_flow_style = True
+    yaml.dump(value, out)
+    return out.getvalue().strip().removesuffix("...").strip()
+
+
+def set_params(recipe: dict, committed: dict, workspace: dict, source: str = "recipe") -> list[str]:
+    """The ``key=value`` pairs that turn ``workspace`` params into ``committed`` params with ``recipe`` applied.
+
+    Keys are compared whole at ``section.key`` (a mapping such as ``data.files`` is one value).
+
+    Raises:
+        ParamsError: the recipe's result is not valid params (an unknown key, a bad value); a mapping value would
+            have to change into another mapping, which `-S` merges instead of replacing.
+    """
+    target = {section: dict(values) for section, values in committed.items()}
+    for section, values in recipe.items():
+        target.setdefault(section, {}).update(values)
+    validate_params(target, source)
+    pairs = []
+    for section, values in target.items():
+        for key, value in values.items():
+            now = workspace.get(section, {}).get(key)
+            if value == now:
+                continue
+            if isinstance(value, dict) and isinstance(now, dict):
+                raise ParamsError(f"{source}: {section}.{key}: -S would merge {value} into {now}; "
+                                  f"set {section}.{key}: null in params.yaml first")
+            pairs.append(f"{section}.{key}={flow(value)}")
+    return pairs
+
+
+def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) -> list[list[str]]:
+    """One `dvc exp run` argv per seed (the recipe's own seed when ``seeds`` is None)."""
+    recipe = load_recipe(task)
+    pairs = set_params(recipe, committed_params(), read_yaml(Path(PARAMS_FILE).read_text(), PARAMS_FILE),
+                       source=str(RECIPES / f"{task}.yaml"))
+    runs = []
+    for seed in seeds or [None]:
+        argv = ["dvc", "exp", "run", *(["--queue"] if queue else [])]
+        run_name = name or f"{task}-recipe"
+        argv += ["-n", f"{run_name}-s{seed}" if seed is not None else run_name]
+        for pair in pairs:
+            if seed is None or not pair.startswith("train.seed="):
+                argv += ["-S", pair]
+        if seed is not None:
+            argv += ["-S", f"train.seed={seed}"]
+        runs.append(argv)
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("task", help="a recipe in configs/tasks/ (rte, cola, stsb, sst2, wnli)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="one experiment per seed (default: the recipe's)")
+    parser.add_argument("--queue", action="store_true", help="dvc exp run --queue (then: dvc queue start)")
+    parser.add_argument("--name", help="experiment name (default <task>-recipe, -s<seed> per seed)")
+    parser.add_argument("--run", action="store_true", help="run the commands (default: print them)")
+    args = parser.parse_args()
+    try:
+        runs = commands(args.task, args.seeds, args.queue, args.name)
+    except ParamsError as err:
+        raise SystemExit(str(err)) from None
+    for argv in runs:
+        print(shlex.join(argv), flush=True)
+        if args.run:
+            subprocess.run(argv, check=True)
+
+
+if __name__ == "__main__":
+    main()
