@@ -373,7 +373,7 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
         metrics["compile_seconds"] = round(run.compile_seconds, 1)
     if run.distill is not None:
         last = state.epoch_logs[-1]
-        metrics["distill"] = {"teacher": run.distill.teacher["teacher"],
+        metrics["distillation"] = {"teacher": run.distill.teacher["teacher"],
                               "teacher_model_type": run.distill.teacher["model_type"], "alpha": run.distill.alpha,
                               "temperature": run.distill.temperature,
                               "final_hard_loss": round(last["train/hard_loss"], 4),

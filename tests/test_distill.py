@@ -348,7 +348,7 @@ def outcome(paths, metrics: dict) -> tuple[dict, dict, dict]:
 def test_training_with_a_teacher_logs_hard_and_soft_loss(distilled):
     params, paths = distilled
     metrics = train(params, paths)
-    distill = metrics["distill"]
+    distill = metrics["distillation"]
     assert metrics["steps"] == 10 and distill == {
         "teacher": TEACHER, "teacher_model_type": "mpnet", "alpha": 0.5, "temperature": 2.0,
         "final_hard_loss": distill["final_hard_loss"], "final_soft_loss": distill["final_soft_loss"]}
@@ -429,8 +429,8 @@ def test_alpha_0_trains_exactly_like_no_teacher(distilled, tiny_raw, tiny_checkp
     off_paths = make_project(tmp_path / "off", off, tiny_raw, tiny_checkpoint)
     without = outcome(off_paths, train(off, off_paths))
     assert all(with_teacher[0][k].equal(without[0][k]) for k in without[0])
-    assert {k: v for k, v in with_teacher[1].items() if k != "distill"} == without[1]
-    assert "distill" not in without[1]
+    assert {k: v for k, v in with_teacher[1].items() if k != "distillation"} == without[1]
+    assert "distillation" not in without[1]
     hard = "dvclive/train/steps/plots/metrics/train/hard_loss.tsv"
     assert hard in with_teacher[2] and hard not in without[2]
     assert with_teacher[2][hard]["hard_loss"] == with_teacher[2]["dvclive/train/steps/plots/metrics/train/loss.tsv"][
@@ -445,7 +445,7 @@ def test_without_a_teacher_the_teacher_output_is_not_read(tiny_project, tmp_path
     paths.teacher.mkdir(parents=True)
     (paths.teacher / TEACHER_FILE).write_text("not even JSON")
     metrics = train(params, paths)
-    assert "distill" not in metrics
+    assert "distillation" not in metrics
     assert not list(paths.train_logs.rglob("*hard_loss*")) and not list(paths.train_logs.rglob("*soft_loss*"))
 
 

@@ -24,9 +24,11 @@ from finetune.tables import markdown_table
 log = logging.getLogger(__name__)
 
 # Params that never change a validation result, left out of the configuration (the seed is what varies within one).
-IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads", "evaluate.splits"}
+IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads", "evaluate.splits",
+                  # metrics, not params: train.json named its distillation block `distill` in issue 20's first runs
+                  "distill.final_hard_loss", "distill.final_soft_loss", "distill.teacher_model_type"}
 RUN_METRICS = ["best_epoch", "epochs", "train_seconds", "wall_seconds"]
-PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.")
+PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.", "distill.")
 # eval.json's collapse check (finetune/collapse.py): the constant baseline and the predictions' shape, not metrics
 CHECK_FIELDS = ("baseline.", "most_predicted.", "collapsed")
 
@@ -48,7 +50,8 @@ def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None 
     if not rows:
         raise SystemExit(f"no finished experiment matches {patterns} in the last {num} commits (see `dvc exp show`)")
     df = pd.DataFrame(rows).drop_duplicates("Experiment").set_index("Experiment").sort_index()
-    return df
+    # a name both params.yaml and a metrics file hold comes as "<file>:<name>": keep the param under its name
+    return df.rename(columns=lambda c: c.removeprefix("params.yaml:"))
 
 
 def metric_columns(df: pd.DataFrame, with_test: bool = False) -> list[str]:
