@@ -459,7 +459,8 @@ def test_two_processes_distil_with_both_orders(project):
     assert "on 2 process(es)" in output and "Distilling from models/own/teacher (mpnet)" in output
     metrics = json.loads((paths.root / "metrics" / "train.json").read_text())
     assert (metrics["steps"], metrics["epochs"]) == (10, 2) and metrics["train_samples"] == 80
-    assert metrics["distill"]["final_soft_loss"] > 0 and not math.isnan(metrics["distill"]["final_hard_loss"])
+    distilled = metrics["distillation"]
+    assert distilled["final_soft_loss"] > 0 and not math.isnan(distilled["final_hard_loss"])
     soft = pd.read_csv(paths.train_logs / "steps" / "plots" / "metrics" / "train" / "soft_loss.tsv", sep="\t")
     assert soft["step"].tolist() == [2, 4, 6, 8, 10]
 
