@@ -23,11 +23,11 @@ import subprocess
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from ruamel.yaml import YAML, YAMLError
+from ruamel.yaml import YAMLError
 
 from finetune.collapse import describe_constant
 from finetune.errors import PipelineError
-from finetune.params import DataParams, Params, Paths
+from finetune.params import DataParams, Params, Paths, yaml_reader
 from finetune.runtime import atomic_dir
 from finetune.sources import check_checkpoint
 from finetune.tables import markdown_table
@@ -196,7 +196,7 @@ def lock_hashes(root: Path) -> tuple[str | None, str]:
     metrics files the card reads. ``(None, why)`` when dvc.lock is missing, unreadable or lacks those stages."""
     lock_file = root / "dvc.lock"
     try:
-        stages = (YAML(typ="safe", pure=True).load(lock_file.read_text()) or {}).get("stages") or {}
+        stages = (yaml_reader().load(lock_file.read_text()) or {}).get("stages") or {}
     except FileNotFoundError:
         return None, "There is no dvc.lock: the card stage ran outside `dvc repro`, so no DVC hashes are recorded."
     except YAMLError as err:

@@ -16,8 +16,8 @@ with the student's data/tokenized. data/teacher holds:
 - ``logits_swapped.npy``: the same of each pair in the other order, where data/tokenized holds both orders
   (``train.swap_pairs``), so a row trained in the swapped order is taught by the teacher's logits of that order;
 - ``teacher.json``: the teacher's identity (folder, ``_name_or_path``, model type, sha256 of its weights, labels, task
-  type), the rows and the data's fingerprint, precision, device and seconds; with ``distill.teacher: null`` only
-  ``{"distillation": false, ...}``.
+  type), the train rows (``rows``) and the data's fingerprint, precision, device and seconds; with
+  ``distill.teacher: null`` only ``{"distillation": false, ...}``.
 
 torch, transformers and datasets are imported inside the functions that use them: the teacher stage with
 distillation off imports none of them.
@@ -117,19 +117,19 @@ def write_off(folder: Path) -> dict:
 
 
 def card_base_model(folder: Path) -> str | None:
-    """``base_model`` of the model card ``folder/README.md`` (its YAML header, as the card stage writes it for
-    models/finetuned), or None without a card or that key."""
-    from ruamel.yaml import YAML, YAMLError
+    """``base_model`` of the model card ``folder/README.md`` (its YAML header, read with huggingface_hub's
+    ``ModelCard`` as the card stage writes it for models/finetuned), or None without a card, that key or a readable
+    header."""
+    from huggingface_hub import ModelCard
+    from yaml import YAMLError
 
     card = folder / "README.md"
-    text = card.read_text() if card.is_file() else ""
-    if not text.startswith("---") or text.count("---") < 2:
+    if not card.is_file():
         return None
     try:
-        header = YAML(typ="safe", pure=True).load(text.split("---", 2)[1])
-    except YAMLError:
+        return ModelCard.load(card, ignore_metadata_errors=True).data.base_model
+    except (ValueError, YAMLError):  # a header that is not YAML, or not a mapping
         return None
-    return header.get("base_model") if isinstance(header, dict) else None
 
 
 def describe_teacher(folder: Path, teacher: str) -> dict:
@@ -198,19 +198,13 @@ def check_aligned(raw: Dataset, tokenized: Dataset, paths: Paths) -> None:
 
 
 def teacher_logits(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    """The teacher's logits of every row of the train split, in the row order of ``paths.tokenized``.
-
-    The teacher (``paths.root / distill.teacher``) is loaded as the evaluate stage loads a fine-tuned model
-    (``load_finetuned``); it tokenizes the texts of ``paths.raw``'s train split with its own tokenizer (truncated at
-    ``tokenize.max_length``, at most its ``model_max_length``) and runs in eval mode without gradients, in batches of
-    ``evaluate.batch_size`` with dynamic padding (sorted by length with ``evaluate.sort_by_length``, put back in row
-    order), under the mixed precision ``train.mixed_precision`` resolves to. Where data/tokenized holds each pair in
-    both orders (``train.swap_pairs``), the pairs in the other order are scored too.
+    """The teacher's logits of every row of the train split, in the row order of ``paths.tokenized``: the teacher
+    (``paths.root / distill.teacher``) and the data checked (``teacher_inputs``), then scored (``score_train``).
 
     Returns:
         ``(logits, logits_swapped, identity)``: float32 ``[rows, num_labels]`` (``[rows, 1]`` for regression), the
-        same for the swapped pairs or None, and teacher.json's content (``describe_teacher`` and ``rows``,
-        ``swapped``, ``data`` (rows and datasets' fingerprint of the tokenized train split), ``max_length``,
+        same for the swapped pairs or None, and teacher.json's content (``describe_teacher`` and ``rows`` (the train
+        rows), ``swapped``, ``data`` (the datasets' fingerprint of the tokenized train split), ``max_length``,
         ``mixed_precision``, ``device``, ``seconds``).
 
     Raises:
@@ -218,23 +212,61 @@ def teacher_logits(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray
         TeacherError: the teacher's labels or task type differ from the task's (``check_labels``).
         DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``).
     """
-    from datasets import DatasetDict, load_from_disk
+    from finetune.tokenization import has_both_orders
+
+    start = time.perf_counter()
+    folder = paths.root / params.distill.teacher
+    identity, task, raw, tokenized = teacher_inputs(folder, params.distill.teacher, paths)
+    swapped = has_both_orders(tokenized)
+    outputs, run = score_train(params, folder, identity, task, raw, swapped)
+    identity.update({"rows": len(raw), "swapped": swapped, "data": {"fingerprint": tokenized._fingerprint}, **run,
+                     "seconds": round(time.perf_counter() - start, 1)})
+    return outputs[0], outputs[1] if swapped else None, identity
+
+
+def teacher_inputs(folder: Path, teacher: str, paths: Paths) -> tuple[dict, Task, Dataset, Dataset]:
+    """``(identity, task, raw, tokenized)``: the identity of the teacher checkpoint ``folder`` (``describe_teacher``;
+    ``distill.teacher`` is ``teacher``), the task of ``paths.tokenized``, and the train splits of ``paths.raw`` (the
+    teacher's texts) and ``paths.tokenized`` (the student's rows), checked against each other.
+
+    Raises:
+        CheckpointError: the teacher folder lacks config, weights or tokenizer.
+        TeacherError: the teacher's labels or task type differ from the task's (``check_labels``).
+        DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``).
+    """
+    from datasets import load_from_disk
+
+    task = Task.load(paths.tokenized)
+    identity = describe_teacher(folder, teacher)
+    check_labels(identity, task, str(folder / "config.json"))
+    raw, tokenized = load_from_disk(str(paths.raw))["train"], load_from_disk(str(paths.tokenized))["train"]
+    check_aligned(raw, tokenized, paths)
+    return identity, task, raw, tokenized
+
+
+def score_train(params: Params, folder: Path, identity: dict, task: Task, raw: Dataset,
+                swapped: bool) -> tuple[list[np.ndarray], dict]:
+    """The logits of the teacher in ``folder`` (``identity``: its ``describe_teacher``) of every row of ``raw`` (the
+    train split of data/raw), in row order.
+
+    The teacher is loaded as the evaluate stage loads a fine-tuned model (``load_finetuned``); it tokenizes the texts
+    with its own tokenizer (truncated at ``tokenize.max_length``, at most its ``model_max_length``) and runs in eval
+    mode without gradients, in batches of ``evaluate.batch_size`` with dynamic padding (sorted by length with
+    ``evaluate.sort_by_length``, put back in row order), under the mixed precision ``train.mixed_precision`` resolves
+    to. With ``swapped``, the pairs in the other order are scored too.
+
+    Returns:
+        ``(outputs, run)``: one float32 ``[rows, num_labels]`` array per order (as given, then swapped with
+        ``swapped``), and the run's ``max_length``, ``mixed_precision`` and ``device``.
+    """
+    from datasets import DatasetDict
     from transformers import AutoTokenizer
 
     from finetune.batches import evaluation_loaders
     from finetune.evaluation import split_logits
     from finetune.modeling import load_finetuned
     from finetune.runtime import describe_device, make_accelerator, resolve_mixed_precision, set_cpu_threads
-    from finetune.tokenization import SWAPPED, tokenize
-
-    start = time.perf_counter()
-    folder = paths.root / params.distill.teacher
-    task = Task.load(paths.tokenized)
-    identity = describe_teacher(folder, params.distill.teacher)
-    check_labels(identity, task, str(folder / "config.json"))
-    raw, tokenized = load_from_disk(str(paths.raw))["train"], load_from_disk(str(paths.tokenized))["train"]
-    check_aligned(raw, tokenized, paths)
-    swapped = SWAPPED + "input_ids" in tokenized.column_names
+    from finetune.tokenization import tokenize
 
     set_cpu_threads(None)
     mixed_precision = resolve_mixed_precision(params.train.mixed_precision)
@@ -255,12 +287,8 @@ def teacher_logits(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray
         if order is not None:  # back to row order
             logits = logits[np.argsort(order)]
         outputs.append(logits.numpy().astype(np.float32))
-    identity.update({"rows": len(raw), "swapped": swapped,
-                     "data": {"rows": len(tokenized), "fingerprint": tokenized._fingerprint},
-                     "max_length": max_length, "mixed_precision": mixed_precision,
-                     "device": describe_device(accelerator.device),
-                     "seconds": round(time.perf_counter() - start, 1)})
-    return outputs[0], outputs[1] if swapped else None, identity
+    return outputs, {"max_length": max_length, "mixed_precision": mixed_precision,
+                     "device": describe_device(accelerator.device)}
 
 
 def save_teacher(folder: Path, logits: np.ndarray, logits_swapped: np.ndarray | None, identity: dict) -> None:
@@ -303,7 +331,7 @@ def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> 
     """
     if p.teacher is None:
         return None
-    from finetune.tokenization import SWAPPED
+    from finetune.tokenization import has_both_orders
 
     file = folder / TEACHER_FILE
     rerun = f"(distill.teacher: {p.teacher!r}); rerun `dvc repro teacher`"
@@ -327,7 +355,7 @@ def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> 
         if array.ndim != 2 or array.shape[1] != task.num_labels:
             raise TeacherError(f"{file}: {name} has shape {list(array.shape)}, expected [{len(train)}, "
                                f"{task.num_labels}] {rerun}")
-    has_swapped = SWAPPED + "input_ids" in train.column_names
+    has_swapped = has_both_orders(train)
     if has_swapped != (logits_swapped is not None):
         raise TeacherError(f"{file}: " + ("no logits of the swapped pairs, but data/tokenized holds both orders"
                                           if has_swapped else "logits of the swapped pairs, but data/tokenized holds "

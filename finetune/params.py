@@ -195,6 +195,13 @@ class Params(_Section):
     distill: DistillParams
 
 
+def yaml_reader() -> YAML:
+    """A YAML 1.2 reader (and writer), as DVC reads and writes params.yaml: `dvc exp run -S` writes ``no`` and
+    ``3e-5`` unquoted, which PyYAML's YAML 1.1 would read as False and as a string. ``load`` raises ruamel's
+    ``YAMLError`` on text that is not YAML."""
+    return YAML(typ="safe", pure=True)
+
+
 def load_params(path: str | Path = PARAMS_FILE) -> Params:
     """Read and validate params.yaml.
 
@@ -205,9 +212,7 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
     """
     path = Path(path)
     try:
-        # YAML 1.2, as DVC reads and writes params.yaml (`dvc exp run -S` writes `no`, `3e-5` unquoted;
-        # PyYAML's YAML 1.1 would read them as False and as a string).
-        raw = YAML(typ="safe", pure=True).load(path.read_text())
+        raw = yaml_reader().load(path.read_text())
     except FileNotFoundError:
         raise ParamsError(f"{path}: not found (run from the repository root)") from None
     except YAMLError as err:

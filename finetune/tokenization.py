@@ -46,6 +46,12 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
                         for split, ds in tokenized.items()})
 
 
+def has_both_orders(ds: Dataset) -> bool:
+    """Whether the tokenized split ``ds`` holds each pair in both orders (``tokenize`` with ``swapped``: the
+    ``SWAPPED`` columns beside the others, as ``train.swap_pairs`` needs)."""
+    return SWAPPED + "input_ids" in ds.column_names
+
+
 def length_stats(ds: Dataset, max_length: int) -> dict:
     """Token-length statistics of a tokenized split (tokens per example, special tokens included)."""
     lengths = np.array(token_lengths(ds))

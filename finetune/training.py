@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from datasets import load_from_disk
+from datasets import Dataset, load_from_disk
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -35,7 +35,7 @@ from finetune.resume import RunState, last_checkpoint, load_checkpoint, run_fing
 from finetune.runtime import (atomic_dir, describe_device, make_accelerator, peak_memory_mb, resolve_mixed_precision,
                               set_cpu_threads)
 from finetune.tasks import Task
-from finetune.tokenization import SWAPPED
+from finetune.tokenization import has_both_orders
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def build_run(params: Params, paths: Paths) -> Run:
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
     tokenized = load_from_disk(str(paths.tokenized))
-    check_swap_pairs(p, task, tokenized["train"].column_names)
+    check_swap_pairs(p, task, tokenized["train"])
     teacher = load_teacher(params.distill, paths.teacher, task, tokenized["train"])  # None: distillation off
     train_rows = tokenized["train"] if teacher is None else with_teacher_logits(tokenized["train"], teacher)
     model = load_classifier(paths.pretrained, task, params.model.pooling)
@@ -189,8 +189,9 @@ def build_run(params: Params, paths: Paths) -> Run:
                distill=distill)
 
 
-def check_swap_pairs(p: TrainParams, task: Task, train_columns: list[str]) -> None:
-    """With ``train.swap_pairs``, the task must be a symmetric pair task whose tokenized data has both orders.
+def check_swap_pairs(p: TrainParams, task: Task, train: Dataset) -> None:
+    """With ``train.swap_pairs``, the task must be a symmetric pair task whose tokenized train split ``train`` has
+    both orders.
 
     Raises:
         ParamsError: the task is not symmetric, or the data lacks the swapped columns (tokenized by an older
@@ -202,7 +203,7 @@ def check_swap_pairs(p: TrainParams, task: Task, train_columns: list[str]) -> No
         raise ParamsError(f"params.yaml: train.swap_pairs: task {task.name!r} is not symmetric (its label depends on "
                           "the order of the texts); set train.swap_pairs: false, or data.symmetric: true for your "
                           "own pair data whose label does not")
-    if SWAPPED + "input_ids" not in train_columns:
+    if not has_both_orders(train):
         raise ParamsError("data/tokenized: no swapped pairs in the train split; rerun `dvc repro tokenize`")
 
 

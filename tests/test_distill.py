@@ -179,7 +179,7 @@ def test_the_teacher_stage_writes_logits_row_for_row_with_its_own_tokenizer(proj
     assert saved == identity
     assert saved["distillation"] is True and saved["teacher"] == TEACHER and saved["model_type"] == "mpnet"
     assert saved["task_type"] == "classification" and saved["id2label"] == {"0": "not_equivalent", "1": "equivalent"}
-    assert saved["rows"] == 40 and saved["swapped"] is False and saved["data"]["rows"] == 40
+    assert saved["rows"] == 40 and saved["swapped"] is False and list(saved["data"]) == ["fingerprint"]  # rows once
     assert list(saved["weights"]) == ["model.safetensors"] and len(saved["weights"]["model.safetensors"]) == 64
     assert saved["mixed_precision"] == "no" and saved["seconds"] >= 0 and "name_or_path" in saved
     assert saved["base_model"] is None  # no model card in this teacher folder
@@ -193,6 +193,10 @@ def test_the_teacher_json_names_the_base_model_of_a_model_card(tmp_path):
     assert card_base_model(tmp_path) == "sentence-transformers/all-mpnet-base-v2"
     (tmp_path / "README.md").write_text("# no header\n")
     assert card_base_model(tmp_path) is None
+    (tmp_path / "README.md").write_text("---\nlicense: apache-2.0\n---\n# no base_model\n")
+    assert card_base_model(tmp_path) is None
+    (tmp_path / "README.md").unlink()
+    assert card_base_model(tmp_path) is None  # no card: not looked for on the Hub
 
 
 def test_with_swapped_pairs_the_other_order_is_scored_too(project, tiny_raw, teacher_model):

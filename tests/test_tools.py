@@ -27,6 +27,17 @@ def test_seeds_of_one_configuration_are_summarised_together():
     assert "| 0.0001 | 3 | 42,1,2 | 0.8200 ± 0.0200 | 0.8700 ± 0.0100 | 2.7 ± 0.6 |" in table
 
 
+def test_the_old_distill_block_of_train_json_does_not_split_seeds():
+    # Issue 20's runs (i20-a*) wrote train.json's block as `distill`: dvc exp show gives the names only train.json has
+    # bare, like params; the colliding ones come as "params.yaml:distill.alpha" (kept) and "metrics/train.json:...".
+    df = pd.DataFrame({"distill.alpha": [0.9, 0.9], "metrics/train.json:distill.alpha": [0.9, 0.9],
+                       "distill.final_hard_loss": [0.31, 0.29], "distill.final_soft_loss": [0.05, 0.06],
+                       "distill.teacher_model_type": ["mpnet", "mpnet"], "train.seed": [42, 1],
+                       "validation.f1": [0.87, 0.88]}, index=pd.Index(["i20-s42", "i20-s1"], name="Experiment"))
+    configurations, varying = summarize(df)
+    assert varying == [] and len(configurations) == 1 and configurations[0]["n"] == 2
+
+
 def test_the_plots_grid_places_every_plot():
     from tools.plots_png import grid_svg
 

@@ -23,16 +23,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ruamel.yaml import YAML
-
 from finetune.errors import ParamsError
-from finetune.params import PARAMS_FILE, validate_params
+from finetune.params import PARAMS_FILE, validate_params, yaml_reader
 
 RECIPES = Path("configs/tasks")
-
-
-def _yaml():
-    return YAML(typ="safe", pure=True)  # YAML 1.2, as DVC reads params.yaml
 
 
 def read_yaml(text: str, source: str) -> dict:
@@ -42,7 +36,7 @@ def read_yaml(text: str, source: str) -> dict:
         ParamsError: not YAML, or not a mapping of sections to mappings; the message names ``source``.
     """
     try:
-        raw = _yaml().load(text) or {}
+        raw = yaml_reader().load(text) or {}
     except Exception as err:  # ruamel raises several YAMLError subclasses
         raise ParamsError(f"{source}: not valid YAML: {err}") from None
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
@@ -72,7 +66,7 @@ def committed_params() -> dict:
 def flow(value: Any) -> str:
     """``value`` as DVC's ``-S`` parses it: YAML flow style on one line (``null``, ``true``, ``3e-05``)."""
     out = io.StringIO()
-    yaml = _yaml()
+    yaml = yaml_reader()
     yaml.default_flow_style = True
     yaml.dump(value, out)
     return out.getvalue().strip().removesuffix("...").strip()

@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 
 # Params that never change a validation result, left out of the configuration (the seed is what varies within one).
 IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads", "evaluate.splits",
-                  # metrics, not params: train.json named its distillation block `distill` in issue 20's first runs
+                  # metrics, not params: train.json named its distillation block `distill` in issue 20's runs
+                  # (i20-a*). Names only train.json has come bare from `dvc exp show` (no `params.yaml:` prefix to
+                  # strip), so without these the per-seed losses would count as params and split each configuration.
                   "distill.final_hard_loss", "distill.final_soft_loss", "distill.teacher_model_type"}
 RUN_METRICS = ["best_epoch", "epochs", "train_seconds", "wall_seconds"]
 PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.", "distill.")
