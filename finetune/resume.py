@@ -41,12 +41,13 @@ class RunState:
     loss_parts: dict = field(default_factory=dict)
 
 
-def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int,
+def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int, mixed_precision: str,
                     teacher: dict | None = None) -> str:
     """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
 
     Covers the train params (except ``resume``, ``log_every``), ``model.pooling``, the evaluation batching, the
-    accelerate config file and the number of processes, the tokenized data (datasets' fingerprint of each split) and
+    accelerate config file, the number of processes, the precision the run resolved (``mixed_precision``: ``auto``
+    is bf16 on one machine and fp32 on another, and a checkpoint of one is not continued in the other), the tokenized data (datasets' fingerprint of each split) and
     its task, the pretrained checkpoint's config and weights' sizes, the code (``finetune.code.code_digest`` of
     the train stage: every project file it runs) and, with distillation, the ``distill`` params and ``teacher``
     (``finetune.distill.Teacher.fingerprint``: its identity and the hash of its logits; None: distillation off).
@@ -59,6 +60,7 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
         "evaluate": params.evaluate.model_dump(include={"batch_size", "sort_by_length"}),
         "accelerate_config": accelerate_config.read_text() if accelerate_config.is_file() else None,
         "processes": num_processes,
+        "mixed_precision": mixed_precision,
         "data": {split: ds._fingerprint for split, ds in tokenized.items()},
         "task": (paths.tokenized / "task.json").read_text(),
         "config": (paths.pretrained / "config.json").read_text(),

@@ -180,7 +180,7 @@ def build_run(params: Params, paths: Paths) -> Run:
         distill = Distillation(d.alpha, d.temperature, task.is_regression, teacher.identity)
         log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g", d.teacher,
                  teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature)
-    fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes,
+    fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes, mixed_precision,
                                   teacher.fingerprint() if teacher is not None else None)
     baseline = constant_baseline(task, load_metric(task), tokenized["train"]["labels"],
                                  tokenized["validation"]["labels"])

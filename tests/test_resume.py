@@ -118,3 +118,17 @@ def test_changed_code_changes_the_run_fingerprint(tmp_path, monkeypatch):
     metric = project / "finetune" / "glue_metric.py"
     metric.write_text(metric.read_text() + "\n# changed\n")
     assert code.code_digest("stages.train") != before
+
+
+def test_the_resolved_precision_is_part_of_the_run_fingerprint(tiny_project):
+    # train.mixed_precision: auto is bf16 on a CPU with AVX512-BF16 and fp32 on one without: the same params.yaml
+    # must not continue the other machine's checkpoint.
+    from datasets import load_from_disk
+
+    from finetune.resume import run_fingerprint
+
+    params = tiny_params()
+    paths = tiny_project("project", params)
+    tokenized = load_from_disk(str(paths.tokenized))
+    bf16, fp32 = (run_fingerprint(params, paths, tokenized, 1, precision) for precision in ("bf16", "no"))
+    assert bf16 != fp32 and run_fingerprint(params, paths, tokenized, 1, "no") == fp32
