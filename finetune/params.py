@@ -202,6 +202,18 @@ def yaml_reader() -> YAML:
     return YAML(typ="safe", pure=True)
 
 
+def read_yaml(text: str, source: str) -> Any:
+    """``text`` read with ``yaml_reader``.
+
+    Raises:
+        ParamsError: ``text`` is not YAML; the message names ``source``.
+    """
+    try:
+        return yaml_reader().load(text)
+    except YAMLError as err:
+        raise ParamsError(f"{source}: not valid YAML: {err}") from None
+
+
 def load_params(path: str | Path = PARAMS_FILE) -> Params:
     """Read and validate params.yaml.
 
@@ -212,12 +224,10 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
     """
     path = Path(path)
     try:
-        raw = yaml_reader().load(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ParamsError(f"{path}: not found (run from the repository root)") from None
-    except YAMLError as err:
-        raise ParamsError(f"{path}: not valid YAML: {err}") from None
-    return validate_params(raw, str(path))
+    return validate_params(read_yaml(text, str(path)), str(path))
 
 
 def with_overrides(params: Params, overrides: dict[str, dict[str, Any]], source: str = "overrides") -> Params:

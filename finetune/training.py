@@ -245,8 +245,9 @@ def train_epoch(run: Run, state: RunState, logs: TrainLog, progress: tqdm) -> li
                 loss = model(**batch).loss
             else:
                 loss, hard, soft = run.distill.loss(model, batch)
-                micro_parts.setdefault("train/hard_loss", []).append(hard.item())
-                micro_parts.setdefault("train/soft_loss", []).append(soft.item())
+                parts = torch.stack((hard, soft)).detach().tolist()  # one device sync for both
+                for name, value in zip(("train/hard_loss", "train/soft_loss"), parts):
+                    micro_parts.setdefault(name, []).append(value)
             accelerator.backward(loss)
             if accelerator.sync_gradients and p.max_grad_norm:
                 accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
@@ -343,7 +344,7 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
     (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``), ``parameters``, ``padding_fraction`` (padding / all tokens
     of the training batches), ``real_tokens``, ``mixed_precision``, ``device`` (``describe_device``), ``validation_baseline`` (the constant model of
     train's labels scored on validation: ``finetune.collapse.constant_baseline``), with ``torch_compile``
-    ``compile_seconds``, and with distillation ``distill``: the teacher (``distill.teacher``) and its model type,
+    ``compile_seconds``, and with distillation ``distillation``: the teacher (``distill.teacher``) and its model type,
     ``alpha``, ``temperature`` and the last epoch's mean ``final_hard_loss`` and ``final_soft_loss``.
     """
     p = run.p

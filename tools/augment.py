@@ -21,7 +21,10 @@ import json
 import random
 from pathlib import Path
 
-from datasets import concatenate_datasets, load_dataset
+from datasets import concatenate_datasets
+
+from finetune.errors import DataError
+from finetune.loading import load_raw
 
 
 def perturb(text: str, rng: random.Random, p_delete: float, swaps: int) -> str:
@@ -46,9 +49,9 @@ def augment(source: str, config: str, out: Path, copies: int, p_delete: float, s
         SystemExit: ``source``/``config`` can't be loaded or its train split lacks sentence1/sentence2.
     """
     try:
-        splits = load_dataset(source, config)
-    except (OSError, ValueError) as err:
-        raise SystemExit(f"{source} (config {config!r}): cannot load: {err}") from err
+        splits = load_raw(source, config)  # one-line errors, and no stale rows from datasets' cache
+    except DataError as err:
+        raise SystemExit(str(err)) from err
     train = splits["train"]
     if not {"sentence1", "sentence2"} <= set(train.column_names):
         raise SystemExit(f"{source} (config {config!r}): train has {train.column_names}, not a sentence1/sentence2 pair task")

@@ -25,6 +25,7 @@ from typing import Any
 
 from finetune.errors import ParamsError
 from finetune.params import PARAMS_FILE, validate_params, yaml_reader
+from finetune.params import read_yaml as read_any_yaml
 
 RECIPES = Path("configs/tasks")
 
@@ -35,10 +36,7 @@ def read_yaml(text: str, source: str) -> dict:
     Raises:
         ParamsError: not YAML, or not a mapping of sections to mappings; the message names ``source``.
     """
-    try:
-        raw = yaml_reader().load(text) or {}
-    except Exception as err:  # ruamel raises several YAMLError subclasses
-        raise ParamsError(f"{source}: not valid YAML: {err}") from None
+    raw = read_any_yaml(text, source) or {}
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
         raise ParamsError(f"{source}: expected sections (data, model, train, ...) of key: value pairs")
     return raw
