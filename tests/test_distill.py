@@ -24,7 +24,8 @@ from finetune.modeling import load_classifier, load_finetuned
 from finetune.tasks import Task, glue_task, own_task
 from finetune.tokenization import SWAPPED
 from finetune.training import train
-from tests.helpers import REPO, make_family_checkpoint, make_project, python, reset_accelerate, run, tiny_params
+from tests.helpers import (REPO, launch, make_family_checkpoint, make_project, python, reset_accelerate, run,
+                           tiny_params)
 
 MRPC = glue_task("mrpc")
 TEACHER = "models/own/teacher"  # distill.teacher of the test projects
@@ -458,8 +459,7 @@ def test_two_processes_distil_with_both_orders(project):
     params, paths = project(train={"swap_pairs": True, "batch_size": 4, "warmup_steps": 0,
                                    "accelerate_config": str(config), "num_threads": 1})
     run(python("-m", "stages.teacher"), paths.root, timeout=300)
-    output = run(python("-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "stages.train"),
-                 paths.root, timeout=300)
+    output = launch("stages.train", config, paths.root)
     assert "on 2 process(es)" in output and "Distilling from models/own/teacher (mpnet)" in output
     metrics = json.loads((paths.root / "metrics" / "train.json").read_text())
     assert (metrics["steps"], metrics["epochs"]) == (10, 2) and metrics["train_samples"] == 80

@@ -8,16 +8,10 @@ import json
 import pandas as pd
 import pytest
 
-from tests.helpers import REPO, make_project, python, run, tiny_params
+from tests.helpers import REPO, launch, make_project, tiny_params
 
 CPU_2PROC = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
 ONE_PROCESS = REPO / "configs" / "accelerate" / "default.yaml"
-
-
-def launch(project, module: str, config) -> str:
-    """`accelerate launch --config_file config -m module` in ``project``; returns its output."""
-    return run(python("-m", "accelerate.commands.launch", "--config_file", str(config), "-m", module), project,
-               timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +24,7 @@ def project(tiny_raw, tiny_checkpoint, tmp_path_factory):
 
 
 def test_two_processes_train_with_a_shared_schedule(project):
-    output = launch(project, "stages.train", CPU_2PROC)
+    output = launch("stages.train", CPU_2PROC, project)
     assert "on 2 process(es)" in output
     metrics = json.loads((project / "metrics" / "train.json").read_text())
     # 40 rows, 10 batches of 4, split over 2 processes: 5 optimizer steps an epoch, taken by both together
@@ -42,10 +36,10 @@ def test_two_processes_train_with_a_shared_schedule(project):
 def test_two_processes_evaluate_like_one(project):
     if not (project / "models" / "trained").is_dir():
         pytest.skip("needs the model of test_two_processes_train_with_a_shared_schedule")
-    launch(project, "stages.evaluate", CPU_2PROC)
+    launch("stages.evaluate", CPU_2PROC, project)
     two = json.loads((project / "metrics" / "eval.json").read_text())
     two_predictions = {s: pd.read_csv(project / "data" / "predictions" / f"{s}.csv") for s in ("validation", "test")}
-    launch(project, "stages.evaluate", ONE_PROCESS)
+    launch("stages.evaluate", ONE_PROCESS, project)
     one = json.loads((project / "metrics" / "eval.json").read_text())
 
     for split, examples in (("validation", 21), ("test", 19)):
