@@ -1,5 +1,5 @@
-"""Knowledge distillation: a fine-tuned teacher's logits for every train row (the teacher stage), riding with each
-train batch, and the loss that mixes the labels with them (the train stage).
+"""Knowledge distillation, the train stage's side: the loss that mixes the labels with a fine-tuned teacher's
+logits, and those logits (the teacher stage's data/teacher, finetune/teacher.py) riding with each train batch.
 
 The loss (``distillation_loss``) is Hinton, Vinyals & Dean 2015, "Distilling the Knowledge in a Neural Network"
 (https://arxiv.org/abs/1503.02531): ``(1 - alpha) * hard + alpha * soft``, the soft loss the KL divergence between the
@@ -7,50 +7,28 @@ teacher's and the student's class distributions softened by a temperature T and 
 their size as T changes; DistilBERT (Sanh et al. 2019, https://arxiv.org/abs/1910.01108) distils BERT with it. For
 regression the soft target is the teacher's score.
 
-The teacher is any model this pipeline fine-tuned on the same task (a ``save_pretrained`` folder under models/own,
-``distill.teacher``), of any family and tokenizer: it reads the texts of data/raw with its own tokenizer, row for row
-with the student's data/tokenized. data/teacher holds:
-
-- ``logits.npy``: ``[rows, num_labels]`` float32 (``[rows, 1]``, the score, for regression), row i of the train split
-  of data/tokenized (and data/raw) in row i;
-- ``logits_swapped.npy``: the same of each pair in the other order, where data/tokenized holds both orders
-  (``train.swap_pairs``), so a row trained in the swapped order is taught by the teacher's logits of that order;
-- ``teacher.json``: the teacher's identity (folder, ``_name_or_path``, model type, sha256 of its weights, labels, task
-  type), the train rows (``rows``) and the data's fingerprint, precision, device and seconds; with
-  ``distill.teacher: null`` only ``{"distillation": false, ...}``.
-
-torch, transformers and datasets are imported inside the functions that use them: the teacher stage with
-distillation off imports none of them.
+torch and datasets are imported inside the functions that use them (or for type checking only).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from finetune.errors import DataError, TeacherError
-from finetune.params import DistillParams, Params, Paths
-from finetune.runtime import atomic_dir, write_json
+from finetune.errors import TeacherError
+from finetune.params import DistillParams
 from finetune.tasks import Task
+from finetune.teacher import LOGITS_FILE, SWAPPED_LOGITS_FILE, TEACHER_FILE, check_labels
 
 if TYPE_CHECKING:
     import torch
     from datasets import Dataset
-
-log = logging.getLogger(__name__)
-
-TEACHER_FILE = "teacher.json"  # in data/teacher: the teacher's identity, or that distillation is off
-LOGITS_FILE = "logits.npy"  # [rows, num_labels] float32, the train split's row order
-SWAPPED_LOGITS_FILE = "logits_swapped.npy"  # the same, each pair in the other order (train.swap_pairs)
-WEIGHT_SUFFIXES = (".safetensors", ".bin")  # the weights files of a save_pretrained folder, hashed into teacher.json
 
 
 # --- the loss -------------------------------------------------------------------------------------------------------
@@ -102,203 +80,6 @@ class Distillation:
         inputs = {k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS)}
         return distillation_loss(model(**inputs).logits, batch["labels"], batch[TEACHER_LOGITS], self.alpha,
                                  self.temperature, self.regression)
-
-
-# --- the teacher stage ----------------------------------------------------------------------------------------------
-
-def write_off(folder: Path) -> dict:
-    """``folder/teacher.json`` saying distillation is off (``distill.teacher: null``), atomically; nothing else. The
-    content is constant, so the train stage's dependency on ``folder`` does not change."""
-    off = {"distillation": False, "teacher": None,
-           "note": "distill.teacher is null: distillation is off, the train stage learns from the labels only"}
-    with atomic_dir(folder) as tmp:
-        write_json(tmp / TEACHER_FILE, off)
-    return off
-
-
-def card_base_model(folder: Path) -> str | None:
-    """``base_model`` of the model card ``folder/README.md`` (its YAML header, read with huggingface_hub's
-    ``ModelCard`` as the card stage writes it for models/finetuned), or None without a card, that key or a readable
-    header."""
-    from huggingface_hub import ModelCard
-    from yaml import YAMLError
-
-    card = folder / "README.md"
-    if not card.is_file():
-        return None
-    try:
-        return ModelCard.load(card, ignore_metadata_errors=True).data.base_model
-    except (ValueError, YAMLError):  # a header that is not YAML, or not a mapping
-        return None
-
-
-def describe_teacher(folder: Path, teacher: str) -> dict:
-    """The identity of the teacher checkpoint ``folder`` (``distill.teacher`` is ``teacher``), from its config.json:
-    ``teacher``, ``name_or_path`` (config's ``_name_or_path``, which transformers 5 no longer saves: often None),
-    ``base_model`` (its model card's, for a models/finetuned folder of this pipeline), ``model_type``,
-    ``architectures``, ``weights`` (file -> sha256), ``task_type`` (regression or classification), ``num_labels`` and
-    ``id2label``.
-
-    Raises:
-        CheckpointError: the folder lacks config, weights or tokenizer.
-    """
-    from finetune.sources import check_checkpoint
-    from finetune.split_zip import sha256_file
-
-    check_checkpoint(folder)
-    config = json.loads((folder / "config.json").read_text())
-    id2label = {str(k): v for k, v in (config.get("id2label") or {}).items()}
-    num_labels = len(id2label) or config.get("num_labels", 2)
-    regression = config.get("problem_type") == "regression" or (config.get("problem_type") is None and num_labels == 1)
-    return {"distillation": True, "teacher": teacher, "name_or_path": config.get("_name_or_path"),
-            "base_model": card_base_model(folder), "model_type": config.get("model_type"),
-            "architectures": config.get("architectures"),
-            "weights": {f.name: sha256_file(f) for f in sorted(folder.iterdir()) if f.suffix in WEIGHT_SUFFIXES},
-            "task_type": "regression" if regression else "classification", "num_labels": num_labels,
-            "id2label": id2label}
-
-
-def check_labels(identity: dict, task: Task, where: str) -> None:
-    """The teacher (``identity``: teacher.json's fields) predicts what the task's student learns: the same task type,
-    and for classification the same class names in the same id order.
-
-    Raises:
-        TeacherError: naming ``where`` and ``distill.teacher``.
-    """
-    teacher = f"the teacher {identity['teacher']!r} (distill.teacher)"
-    kind = "regression" if task.is_regression else "classification"
-    if identity["task_type"] != kind:
-        raise TeacherError(f"{where}: {teacher} is a {identity['task_type']} model, but task {task.name!r} is "
-                           f"{kind}; a teacher must be fine-tuned on the same task")
-    if task.is_regression:
-        return
-    names = [identity["id2label"].get(str(i)) for i in range(identity["num_labels"])]
-    if names != list(task.label_names):
-        raise TeacherError(f"{where}: {teacher} has {len(names)} labels {names}, but task {task.name!r} has "
-                           f"{task.num_labels} {list(task.label_names)}; a teacher must be fine-tuned on the same "
-                           "labels, in the same id order")
-
-
-def check_aligned(raw: Dataset, tokenized: Dataset, paths: Paths) -> None:
-    """The train splits of data/raw (the teacher's texts) and data/tokenized (the student's rows) are the same rows
-    in the same order: the same count, and the same label in every row where both have labels.
-
-    Raises:
-        DataError: naming both folders and the first row that differs.
-    """
-    if len(raw) != len(tokenized):
-        raise DataError(f"{paths.raw}: {len(raw)} train rows, but {paths.tokenized} has {len(tokenized)}: the teacher "
-                        f"reads the texts of {paths.raw} row for row; rerun `dvc repro tokenize`")
-    if "label" in raw.column_names and "labels" in tokenized.column_names:
-        differ = np.flatnonzero(np.asarray(raw["label"]) != np.asarray(tokenized["labels"]))
-        if differ.size:
-            raise DataError(f"{paths.raw}: train row {int(differ[0])} (idx={raw[int(differ[0])]['idx']}) has another "
-                            f"label than row {int(differ[0])} of {paths.tokenized} ({differ.size} rows differ): the "
-                            "splits are not in the same order; rerun `dvc repro tokenize`")
-
-
-def teacher_logits(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    """The teacher's logits of every row of the train split, in the row order of ``paths.tokenized``: the teacher
-    (``paths.root / distill.teacher``) and the data checked (``teacher_inputs``), then scored (``score_train``).
-
-    Returns:
-        ``(logits, logits_swapped, identity)``: float32 ``[rows, num_labels]`` (``[rows, 1]`` for regression), the
-        same for the swapped pairs or None, and teacher.json's content (``describe_teacher`` and ``rows`` (the train
-        rows), ``swapped``, ``data`` (the datasets' fingerprint of the tokenized train split), ``max_length``,
-        ``mixed_precision``, ``device``, ``seconds``).
-
-    Raises:
-        CheckpointError: the teacher folder lacks config, weights or tokenizer.
-        TeacherError: the teacher's labels or task type differ from the task's (``check_labels``).
-        DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``).
-    """
-    from finetune.tokenization import has_both_orders
-
-    start = time.perf_counter()
-    folder = paths.root / params.distill.teacher
-    identity, task, raw, tokenized = teacher_inputs(folder, params.distill.teacher, paths)
-    swapped = has_both_orders(tokenized)
-    outputs, run = score_train(params, folder, identity, task, raw, swapped)
-    identity.update({"rows": len(raw), "swapped": swapped, "data": {"fingerprint": tokenized._fingerprint}, **run,
-                     "seconds": round(time.perf_counter() - start, 1)})
-    return outputs[0], outputs[1] if swapped else None, identity
-
-
-def teacher_inputs(folder: Path, teacher: str, paths: Paths) -> tuple[dict, Task, Dataset, Dataset]:
-    """``(identity, task, raw, tokenized)``: the identity of the teacher checkpoint ``folder`` (``describe_teacher``;
-    ``distill.teacher`` is ``teacher``), the task of ``paths.tokenized``, and the train splits of ``paths.raw`` (the
-    teacher's texts) and ``paths.tokenized`` (the student's rows), checked against each other.
-
-    Raises:
-        CheckpointError: the teacher folder lacks config, weights or tokenizer.
-        TeacherError: the teacher's labels or task type differ from the task's (``check_labels``).
-        DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``).
-    """
-    from datasets import load_from_disk
-
-    task = Task.load(paths.tokenized)
-    identity = describe_teacher(folder, teacher)
-    check_labels(identity, task, str(folder / "config.json"))
-    raw, tokenized = load_from_disk(str(paths.raw))["train"], load_from_disk(str(paths.tokenized))["train"]
-    check_aligned(raw, tokenized, paths)
-    return identity, task, raw, tokenized
-
-
-def score_train(params: Params, folder: Path, identity: dict, task: Task, raw: Dataset,
-                swapped: bool) -> tuple[list[np.ndarray], dict]:
-    """The logits of the teacher in ``folder`` (``identity``: its ``describe_teacher``) of every row of ``raw`` (the
-    train split of data/raw), in row order.
-
-    The teacher is loaded as the evaluate stage loads a fine-tuned model (``load_finetuned``); it tokenizes the texts
-    with its own tokenizer (truncated at ``tokenize.max_length``, at most its ``model_max_length``) and runs in eval
-    mode without gradients, in batches of ``evaluate.batch_size`` with dynamic padding (sorted by length with
-    ``evaluate.sort_by_length``, put back in row order), under the mixed precision ``train.mixed_precision`` resolves
-    to. With ``swapped``, the pairs in the other order are scored too.
-
-    Returns:
-        ``(outputs, run)``: one float32 ``[rows, num_labels]`` array per order (as given, then swapped with
-        ``swapped``), and the run's ``max_length``, ``mixed_precision`` and ``device``.
-    """
-    from datasets import DatasetDict
-    from transformers import AutoTokenizer
-
-    from finetune.batches import evaluation_loaders
-    from finetune.evaluation import split_logits
-    from finetune.modeling import load_finetuned
-    from finetune.runtime import describe_device, make_accelerator, resolve_mixed_precision, set_cpu_threads
-    from finetune.tokenization import tokenize
-
-    set_cpu_threads(None)
-    mixed_precision = resolve_mixed_precision(params.train.mixed_precision)
-    accelerator = make_accelerator(mixed_precision=mixed_precision)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = accelerator.prepare(load_finetuned(folder))
-    max_length = min(params.tokenize.max_length or tokenizer.model_max_length, tokenizer.model_max_length)
-    log.info("Teacher %s (%s, %s) on %d train rows%s, %s tokenizer (truncation at %d tokens), mixed precision %s, %s",
-             params.distill.teacher, identity["model_type"], identity["task_type"], len(raw),
-             " in both orders" if swapped else "", type(tokenizer).__name__, max_length, mixed_precision,
-             accelerator.device)
-    encoded = tokenize(DatasetDict({"train": raw}), tokenizer, max_length, task.text_columns, swapped)["train"]
-    loaders, order = evaluation_loaders(encoded, tokenizer, params.evaluate, both_orders=swapped)
-    outputs = []
-    for i, loader in enumerate(loaders):
-        logits, _ = split_logits(model, accelerator.prepare(loader), accelerator,
-                                 desc="teacher (swapped)" if i else "teacher")
-        if order is not None:  # back to row order
-            logits = logits[np.argsort(order)]
-        outputs.append(logits.numpy().astype(np.float32))
-    return outputs, {"max_length": max_length, "mixed_precision": mixed_precision,
-                     "device": describe_device(accelerator.device)}
-
-
-def save_teacher(folder: Path, logits: np.ndarray, logits_swapped: np.ndarray | None, identity: dict) -> None:
-    """``logits.npy``, ``logits_swapped.npy`` (when not None) and ``teacher.json`` into ``folder``, atomically: a
-    failure leaves the previous folder as it was."""
-    with atomic_dir(folder) as tmp:
-        np.save(tmp / LOGITS_FILE, logits)
-        if logits_swapped is not None:
-            np.save(tmp / SWAPPED_LOGITS_FILE, logits_swapped)
-        write_json(tmp / TEACHER_FILE, identity)
 
 
 # --- the train stage's side -----------------------------------------------------------------------------------------

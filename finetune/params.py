@@ -289,7 +289,7 @@ class Paths:
         return self.root / "data" / "tokenized"
 
     @property
-    def teacher(self) -> Path:  # teacher: the teacher's train logits and teacher.json (finetune/distill.py)
+    def teacher(self) -> Path:  # teacher: the teacher's train logits and teacher.json (finetune/teacher.py)
         return self.root / "data" / "teacher"
 
     @property

@@ -5,16 +5,16 @@ the train split's texts of data/raw with its own tokenizer, in the row order of 
 data/teacher/: ``logits.npy`` (``[rows, num_labels]`` float32), ``logits_swapped.npy`` where data/tokenized holds
 each pair in both orders (``train.swap_pairs``), and ``teacher.json`` (its identity: folder, model type, weights'
 sha256, labels, rows, seconds). With ``distill.teacher: null`` it writes only ``teacher.json`` saying distillation is
-off, loading nothing. The folder is written atomically (finetune/distill.py).
+off, loading nothing. The folder is written atomically (finetune/teacher.py).
 """
 
 from __future__ import annotations
 
 import logging
 
-from finetune.distill import save_teacher, teacher_logits, write_off
 from finetune.params import Paths, load_params
 from finetune.runtime import run_stage
+from finetune.teacher import save_teacher, teacher_logits, write_off
 
 log = logging.getLogger(__name__)
 

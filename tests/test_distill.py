@@ -17,11 +17,12 @@ from safetensors.torch import load_file
 
 import finetune.training as training
 from finetune.batches import TEACHER_LOGITS, make_collator
-from finetune.distill import (LOGITS_FILE, SWAPPED_LOGITS_FILE, TEACHER_FILE, check_aligned, distillation_loss,
-                              load_teacher, save_teacher, teacher_logits)
+from finetune.distill import distillation_loss, load_teacher
 from finetune.errors import DataError, ParamsError, TeacherError
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.tasks import Task, glue_task, own_task
+from finetune.teacher import (LOGITS_FILE, SWAPPED_LOGITS_FILE, TEACHER_FILE, check_aligned, save_teacher,
+                              teacher_logits)
 from finetune.tokenization import SWAPPED
 from finetune.training import train
 from tests.helpers import (REPO, launch, make_family_checkpoint, make_project, python, reset_accelerate, run,
@@ -187,7 +188,7 @@ def test_the_teacher_stage_writes_logits_row_for_row_with_its_own_tokenizer(proj
 
 
 def test_the_teacher_json_names_the_base_model_of_a_model_card(tmp_path):
-    from finetune.distill import card_base_model
+    from finetune.teacher import card_base_model
 
     card = "---\nbase_model: sentence-transformers/all-mpnet-base-v2\nlicense: apache-2.0\n---\n# The card\n"
     (tmp_path / "README.md").write_text(card)
