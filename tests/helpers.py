@@ -9,7 +9,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -304,16 +303,9 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, ok: bool = True, tim
 
 
 def launch(module: str, config: Path, cwd: Path, timeout: float = 300) -> str:
-    """``accelerate launch --config_file config -m module`` in ``cwd`` to its end; returns its output.
-
-    The main process listens on a free port in place of the config's fixed ``main_process_port``: the other pytest
-    worker may be running a 2-process test at the same time.
-    """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return run(python("-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
-                      str(port), "-m", module), cwd, timeout=timeout)
+    """``accelerate launch --config_file config -m module`` in ``cwd`` to its end; returns its output."""
+    return run(python("-m", "accelerate.commands.launch", "--config_file", str(config), "-m", module), cwd,
+               timeout=timeout)
 
 
 def python(*args: str) -> list[str]:
