@@ -25,6 +25,7 @@ from datasets import concatenate_datasets
 
 from finetune.errors import DataError
 from finetune.loading import load_raw
+from finetune.runtime import atomic_dir, write_json
 
 
 def perturb(text: str, rng: random.Random, p_delete: float, swaps: int) -> str:
@@ -41,9 +42,10 @@ def perturb(text: str, rng: random.Random, p_delete: float, swaps: int) -> str:
 
 
 def augment(source: str, config: str, out: Path, copies: int, p_delete: float, swaps: int, seed: int) -> dict:
-    """Write ``out/{train,validation,test}.parquet``: train = the original rows, then ``copies`` perturbed copies
-    of each (column ``augmented``: 0 original, 1 copy; a GLUE ``idx`` renumbered to stay unique); the other splits as they are. Returns the summary that is
-    also written to ``out/augment.json`` (source, config, method, settings, rows per split).
+    """Write ``out/{train,validation,test}.parquet``, the folder replaced atomically: train = the original rows,
+    then ``copies`` perturbed copies of each (column ``augmented``: 0 original, 1 copy; a GLUE ``idx`` renumbered to
+    stay unique); the other splits as they are. Returns the summary that is also written to ``out/augment.json``
+    (source, config, method, settings, rows per split).
 
     Raises:
         SystemExit: ``source``/``config`` can't be loaded or its train split lacks sentence1/sentence2.
@@ -54,7 +56,8 @@ def augment(source: str, config: str, out: Path, copies: int, p_delete: float, s
         raise SystemExit(str(err)) from err
     train = splits["train"]
     if not {"sentence1", "sentence2"} <= set(train.column_names):
-        raise SystemExit(f"{source} (config {config!r}): train has {train.column_names}, not a sentence1/sentence2 pair task")
+        raise SystemExit(f"{source} (config {config!r}): train has {train.column_names}, not a sentence1/sentence2 "
+                         "pair task")
     rng = random.Random(seed)
 
     def copy(row: dict, n: int) -> dict:  # a GLUE idx must stay unique: copy n of row i gets i + n x rows
@@ -66,13 +69,13 @@ def augment(source: str, config: str, out: Path, copies: int, p_delete: float, s
               for n in range(copies)]
     flag = lambda ds, value: ds.add_column("augmented", [value] * len(ds))  # noqa: E731
     splits["train"] = concatenate_datasets([flag(train, 0), *(flag(ds, 1) for ds in copied)])
-    out.mkdir(parents=True, exist_ok=True)
-    for name, split in splits.items():
-        split.to_parquet(out / f"{name}.parquet")
     summary = {"source": source, "config": config, "method": "EDA random deletion + random swap (arXiv:1901.11196)",
                "copies": copies, "p_delete": p_delete, "swaps": swaps, "seed": seed,
                "rows": {name: len(split) for name, split in splits.items()}}
-    (out / "augment.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with atomic_dir(out) as tmp:  # a failure leaves no half-written folder
+        for name, split in splits.items():
+            split.to_parquet(tmp / f"{name}.parquet")
+        write_json(tmp / "augment.json", summary)
     return summary
 
 
