@@ -47,10 +47,11 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
 
     Covers the train params (except ``resume``, ``log_every``), ``model.pooling``, the evaluation batching, the
     accelerate config file, the number of processes, the precision the run resolved (``mixed_precision``: ``auto``
-    is bf16 on one machine and fp32 on another, and a checkpoint of one is not continued in the other), the tokenized data (datasets' fingerprint of each split) and
-    its task, the pretrained checkpoint's config and weights' sizes, the code (``finetune.code.code_digest`` of
-    the train stage: every project file it runs) and, with distillation, the ``distill`` params and ``teacher``
-    (``finetune.distill.Teacher.fingerprint``: its identity and the hash of its logits; None: distillation off).
+    is bf16 on one machine and fp32 on another, and a checkpoint of one is not continued in the other), the
+    tokenized data (datasets' fingerprint of each split) and its task, the pretrained checkpoint's config and
+    weights' sizes, the code (``finetune.code.code_digest`` of the train stage: every project file it runs) and,
+    with distillation, the ``distill`` params and ``teacher`` (``finetune.distill.Teacher.fingerprint``: its identity
+    and the hash of its logits; None: distillation off).
     """
     weights = sorted((f.name, f.stat().st_size) for f in paths.pretrained.glob("*.safetensors"))
     accelerate_config = Path(params.train.accelerate_config)
