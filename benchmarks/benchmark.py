@@ -13,7 +13,9 @@ and the project's training FLOP/s is reported as a fraction of it.
 
 The project's way calls the stages themselves (tokenize, train, evaluate on validation) in a temporary project
 whose params are params.yaml with the benchmark's overrides, validated like params.yaml.
-Needs data/raw and models/pretrained (`dvc repro download`). Writes benchmarks/results.json and
+Needs data/raw and models/pretrained of GLUE MRPC (`dvc repro download` with params.yaml's data section as
+committed); in a workspace whose params.yaml or data/raw hold another task it stops with one line saying what to
+restore. Writes benchmarks/results.json and
 benchmarks/RESULTS.md (full mode) or benchmarks/results-short.json and RESULTS-short.md (short mode);
 ``--checkpoints`` writes benchmarks/CHECKPOINTS.md and checkpoints.json.
 """
@@ -32,8 +34,10 @@ from pathlib import Path
 
 import torch
 
-from finetune.params import Paths, load_params, with_overrides
-from finetune.runtime import cpu_bf16_flags, cpu_model, peak_memory_mb, resolve_mixed_precision
+from finetune.params import load_params, with_overrides
+from finetune.paths import Paths
+from finetune.hardware import cpu_bf16_flags, cpu_model, resolve_mixed_precision
+from finetune.runtime import peak_memory_mb
 from finetune.tables import markdown_table
 
 HERE = Path(__file__).parent
@@ -343,6 +347,30 @@ def compare_checkpoints(checkpoints: list[str], max_steps: int | None, ceiling: 
     print((out_dir / "CHECKPOINTS.md").read_text())
 
 
+def check_workspace() -> str | None:
+    """Why this workspace can't be benchmarked, in one line, or None: every way trains and scores GLUE MRPC (the
+    course's task), from data/raw and with params.yaml's data section, so both must be MRPC's."""
+    from finetune.errors import ParamsError
+    from finetune.tasks import Task
+
+    try:
+        data = load_params().data
+    except ParamsError as err:
+        return str(err).splitlines()[0]
+    where = (f"data.files {dict(data.files)}" if data.files else f"data.dataset {data.dataset!r}, config {data.config!r}")
+    restore = ("restore params.yaml's data section (`git checkout params.yaml`, or `dvc exp apply` of an MRPC "
+               "experiment), then `dvc repro download`")
+    if data.glue_task != "mrpc":
+        return f"the benchmark runs on GLUE MRPC, but params.yaml's data is {where}: {restore}"
+    try:
+        raw_task = Task.load(RAW_DIR).name
+    except FileNotFoundError:
+        return f"{RAW_DIR}/task.json not found: run `dvc repro download` first"
+    if raw_task != "mrpc":
+        return f"the benchmark runs on GLUE MRPC, but {RAW_DIR} holds task {raw_task!r}: run `dvc repro download`"
+    return None
+
+
 def measure_ceiling() -> dict:
     """Dense matmul GFLOP/s in fp32, and in bf16 only where the hardware has bf16 (``resolve_mixed_precision``):
     a CPU without AVX512-BF16 emulates it, and one bf16 product of 2048² ran for minutes there."""
@@ -404,6 +432,9 @@ def main() -> None:
     parser.add_argument("--ablation", action="store_true",
                         help="short runs of the project's loop with each speed setting alone, then all together")
     args = parser.parse_args()
+    problem = check_workspace()
+    if problem:
+        sys.exit(f"ERROR: python -m benchmarks.benchmark: {problem}")
 
     if args.way:
         if args.way == "project":

@@ -27,7 +27,8 @@ from ruamel.yaml import YAMLError
 
 from finetune.collapse import describe_constant
 from finetune.errors import PipelineError
-from finetune.params import DataParams, Params, Paths, yaml_reader
+from finetune.params import DataParams, Params, yaml_reader
+from finetune.paths import Paths
 from finetune.runtime import atomic_dir
 from finetune.sources import check_checkpoint
 from finetune.tables import markdown_table

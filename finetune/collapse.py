@@ -1,8 +1,10 @@
 """The collapse check: does the model beat a constant one?
 
 A model trained with another task's settings can end up predicting one class for every row (RTE and WNLI at MRPC's
-learning rate, issue 21) while every stage exits 0. The train stage checks validation after every epoch and the
-evaluate stage every labeled split: a WARNING in the log, and in metrics/eval.json the check beside the metrics.
+learning rate, issue 21) while every stage exits 0. The train stage checks validation after every epoch (an INFO
+line per collapsed epoch: early epochs often are) and warns at the end of the run only when the kept model collapsed;
+the evaluate stage checks every labeled split: a WARNING in the log, and in metrics/eval.json the check beside the
+metrics.
 
 The baseline is what a trivial model learns from the train split: its majority class (ties: the lowest id), or for
 regression its mean score, predicted for every row of the evaluated split and scored by the task's own metric
@@ -79,15 +81,62 @@ def describe_constant(baseline: dict) -> str:
     return f"train's mean score {baseline['mean']}"
 
 
-def warn_if_collapsed(where: str, task: Task, metrics: dict, report: dict) -> None:
-    """Log a WARNING naming ``where`` (the split, and the epoch in training), what the model predicts, the main
-    metric against the baseline's, and what to try, when ``report`` (``collapse_check``) says collapsed."""
-    if not report["collapsed"]:
-        return
+ADVICE = ("Try another train.lr (a lower one first), more train.epochs, model.pooling: mean, or another "
+          "model.checkpoint")
+
+
+def describe_collapse(task: Task, metrics: dict, report: dict) -> str:
+    """What a collapsed split's model does, in words: the class it predicts and for what share of the rows, and its
+    main metric against the constant model's (``report``: ``collapse_check``; ``metrics``: the split's)."""
     base, main, most = report["baseline"], task.metrics[0], report.get("most_predicted")
-    constant = describe_constant(base)
     predicts = f"it predicts {most['class']!r} for {most['share']:.1%} of the rows; " if most else "its "
-    log.warning("%s: the model looks collapsed (one class for nearly every row, or no better than a constant model): "
-                "%s%s %.4f against %.4f by always predicting %s. Try another train.lr (a lower one first), more "
-                "train.epochs, model.pooling: mean, or another model.checkpoint",
-                where, predicts, main, metrics[main], base[main], constant)
+    return f"{predicts}{main} {metrics[main]:.4f} against {base[main]:.4f} by always predicting {describe_constant(base)}"
+
+
+def warn_if_collapsed(where: str, task: Task, metrics: dict, report: dict) -> None:
+    """Log a WARNING naming ``where`` (the split), what the model predicts, the main metric against the baseline's,
+    and what to try, when ``report`` (``collapse_check``) says collapsed: the evaluate stage's check of the final
+    model."""
+    if report["collapsed"]:
+        log.warning("%s: the model looks collapsed (one class for nearly every row, or no better than a constant "
+                    "model): %s. %s", where, describe_collapse(task, metrics, report), ADVICE)
+
+
+def note_epoch(epoch: int, task: Task, metrics: dict, report: dict) -> str | None:
+    """The collapse check of one epoch's validation in training: an INFO line when ``report`` says collapsed (an
+    early epoch often is, before the model has learned: the end of the run decides, ``end_of_run``).
+
+    Returns:
+        the description (``describe_collapse``) when collapsed, else None.
+    """
+    if not report["collapsed"]:
+        return None
+    about = describe_collapse(task, metrics, report)
+    log.info("validation, epoch %d: no better than a constant model yet: %s", epoch, about)
+    return about
+
+
+def end_of_run(collapsed: dict[str, str], epochs: int, kept_epoch: int) -> dict:
+    """The run's collapse verdict, logged in one line: a WARNING (with what to try) when the kept model's epoch
+    collapsed, which includes every epoch having collapsed; else INFO naming the epochs that did, if any.
+
+    Args:
+        collapsed: ``{str(epoch): description}`` of the collapsed epochs (``note_epoch``'s results).
+        epochs: the epochs run; kept_epoch: the epoch whose model is kept.
+
+    Returns:
+        ``{"collapsed_epochs": [...], "kept_model_collapsed": bool}`` for metrics/train.json.
+    """
+    which = sorted(int(epoch) for epoch in collapsed)
+    kept = collapsed.get(str(kept_epoch))
+    names = ", ".join(map(str, which))
+    if kept is not None:
+        every = f"every epoch ({epochs}) was" if len(which) == epochs else f"epoch(s) {names} of {epochs} were"
+        log.warning("Collapse check on validation: the kept model (epoch %d) looks collapsed, and %s: %s. %s",
+                    kept_epoch, every, kept, ADVICE)
+    elif which:
+        log.info("Collapse check on validation: epoch(s) %s of %d were no better than a constant model; the kept "
+                 "model (epoch %d) is", names, epochs, kept_epoch)
+    else:
+        log.info("Collapse check on validation: no epoch of %d was collapsed", epochs)
+    return {"collapsed_epochs": which, "kept_model_collapsed": kept is not None}

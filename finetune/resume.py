@@ -17,7 +17,8 @@ from accelerate import Accelerator
 from datasets import DatasetDict
 
 from finetune.code import code_digest
-from finetune.params import Params, Paths
+from finetune.params import Params
+from finetune.paths import Paths
 
 STATE_FILE = "trainer_state.json"  # inside each epoch checkpoint, beside accelerator.save_state's files
 
@@ -39,6 +40,7 @@ class RunState:
     stopping: dict = field(default_factory=dict)  # EarlyStopping fields
     # with distillation: {"train/hard_loss": [...], "train/soft_loss": [...]}, one value per optimizer step
     loss_parts: dict = field(default_factory=dict)
+    collapsed: dict = field(default_factory=dict)  # {str(epoch): description} of the epochs the collapse check flagged
 
 
 def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int, mixed_precision: str,

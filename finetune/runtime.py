@@ -1,5 +1,5 @@
-"""How a stage runs: logging, signals and expected errors; the Accelerator, CPU threads and mixed precision;
-outputs written atomically."""
+"""How a stage runs: logging, signals and expected errors; the Accelerator and CPU threads; outputs written
+atomically. What the hardware decides (precision, the CPU's instructions) is in finetune/hardware.py."""
 
 from __future__ import annotations
 
@@ -43,52 +43,6 @@ def setup_logging() -> None:
 
 def _raise_system_exit(signum, frame):
     raise SystemExit(128 + signum)
-
-
-def resolve_mixed_precision(choice: str) -> str:
-    """The Accelerate ``mixed_precision`` for a params choice; 'auto' picks what the hardware runs fast.
-
-    'auto' is bf16 autocast on a GPU with bf16 (Ampere and newer) or a CPU with bf16 instructions (AVX512-BF16
-    or AMX, read from /proc/cpuinfo), fp16 with a gradient scaler on an older GPU, and fp32 ('no') elsewhere.
-    Any other choice is returned as is.
-    """
-    if choice != "auto":
-        return choice
-    import torch
-
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if cpu_bf16_flags() else "no"
-
-
-def cpu_bf16_flags() -> list[str]:
-    """The CPU's bf16 instruction sets among AVX512-BF16 and AMX-BF16 (``/proc/cpuinfo`` flags; empty when it has
-    none or the file can't be read): with none, bf16 is emulated and slower than fp32."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    return [flag for flag in ("avx512_bf16", "amx_bf16") if flag in flags]
-
-
-def describe_device(device) -> str:
-    """The hardware a run's numbers depend on, for its metrics: the GPU's name, or the CPU's model name, its
-    threads and its bf16 instructions (e.g. ``cpu: AMD EPYC, 2 threads, avx512_bf16``). ``mixed_precision: auto``
-    resolves differently across them, and so do the metrics (README, "Reproducibility")."""
-    import torch
-
-    if getattr(device, "type", str(device)) == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    return f"cpu: {cpu_model()}, {torch.get_num_threads()} threads, {' '.join(cpu_bf16_flags()) or 'no bf16 instructions'}"
-
-
-def cpu_model() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` (e.g. ``AMD EPYC``), or ``unknown CPU``."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown CPU"
-    return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
 
 
 def set_cpu_threads(num_threads: int | None) -> int:

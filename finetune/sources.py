@@ -15,7 +15,7 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
 from finetune.errors import CheckpointError, SourceError
-from finetune.params import project_path
+from finetune.paths import project_path
 from finetune.split_zip import SPLIT_ZIP_CHECKPOINTS, assemble, sha256_file
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from finetune.errors import DataError, TeacherError
-from finetune.params import Params, Paths
+from finetune.params import Params
+from finetune.paths import Paths
 from finetune.runtime import atomic_dir, write_json
 from finetune.tasks import Task
 
@@ -202,7 +203,8 @@ def score_train(params: Params, folder: Path, identity: dict, task: Task, raw: D
     from finetune.batches import evaluation_loaders
     from finetune.evaluation import split_logits
     from finetune.modeling import load_finetuned
-    from finetune.runtime import describe_device, make_accelerator, resolve_mixed_precision, set_cpu_threads
+    from finetune.hardware import describe_device, resolve_mixed_precision
+    from finetune.runtime import make_accelerator, set_cpu_threads
     from finetune.tokenization import tokenize
 
     set_cpu_threads(None)

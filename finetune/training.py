@@ -17,25 +17,18 @@ from dataclasses import asdict, dataclass
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
-from datasets import Dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from finetune.batches import PairCollator, evaluation_loaders, make_collator, train_dataloader
-from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
-from finetune.distill import Distillation, load_teacher, with_teacher_logits
-from finetune.errors import ParamsError
+from finetune.collapse import collapse_check, end_of_run, note_epoch
 from finetune.evaluation import evaluate_split, load_metric, predictions_of
+from finetune.hardware import describe_device, numerics
 from finetune.live import TrainLog
-from finetune.modeling import load_classifier
-from finetune.optim import Schedule, make_optimizer, make_scheduler
-from finetune.params import Params, Paths, TrainParams
-from finetune.resume import RunState, last_checkpoint, load_checkpoint, run_fingerprint, save_checkpoint
-from finetune.runtime import (atomic_dir, describe_device, make_accelerator, peak_memory_mb, resolve_mixed_precision,
-                              set_cpu_threads)
+from finetune.params import Params
+from finetune.paths import Paths
+from finetune.resume import RunState, last_checkpoint, load_checkpoint, save_checkpoint
+from finetune.run import Run, build_run
+from finetune.runtime import atomic_dir, peak_memory_mb
 from finetune.tasks import Task
-from finetune.tokenization import has_both_orders
 
 log = logging.getLogger(__name__)
 
@@ -68,32 +61,6 @@ class EarlyStopping:
     @property
     def should_stop(self) -> bool:
         return self.patience is not None and self.bad_epochs >= self.patience
-
-
-@dataclass
-class Run:
-    """What one training run works with, built once by ``build_run``."""
-
-    p: TrainParams
-    task: Task
-    metric_for_best: str  # train.metric_for_best, or the task's main metric
-    accelerator: Accelerator
-    tokenizer: PreTrainedTokenizerBase
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    train_dl: torch.utils.data.DataLoader
-    val_dls: list[torch.utils.data.DataLoader]  # one, or with train.swap_pairs one per order of the pairs
-    batch_order: torch.Generator  # reseeded every epoch: the batch order depends on seed and epoch only
-    train_collator: PairCollator  # with train.swap_pairs its generator, reseeded every epoch, orders the pairs
-    schedule: Schedule
-    fingerprint: str
-    mixed_precision: str
-    parameters: int
-    baseline: dict  # the constant model of train's labels on validation (finetune.collapse.constant_baseline)
-    resumed_from: int = 0  # the epoch a resumed run continued after (0: a fresh run)
-    compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
-    distill: Distillation | None = None  # with distill.teacher: the loss on the teacher's logits too
 
 
 def train(params: Params, paths: Paths) -> dict:
@@ -132,79 +99,9 @@ def train(params: Params, paths: Paths) -> dict:
             end_of_epoch(run, state, stopping, step_losses, logs, paths)
         progress.close()
         save_kept_model(run, state, stopping, paths)
-    # the run's metrics/train.json
-    return final_metrics(run, state, stopping, time.perf_counter() - start)
-
-
-def build_run(params: Params, paths: Paths) -> Run:
-    """Accelerator, seed, tokenizer, model, DataLoaders, optimizer and schedule, prepared for the processes."""
-    p = params.train
-    threads = set_cpu_threads(p.num_threads)
-    mixed_precision = resolve_mixed_precision(p.mixed_precision)
-    accelerator = make_accelerator(mixed_precision=mixed_precision,
-                                   gradient_accumulation_steps=p.gradient_accumulation_steps)
-    set_seed(p.seed)
-    tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
-    task = Task.load(paths.tokenized)
-    try:
-        metric_for_best, _ = task.metric_for_best(p.metric_for_best)
-    except ValueError as err:
-        raise ParamsError(f"params.yaml: {err}") from None
-    tokenized = load_from_disk(str(paths.tokenized))
-    check_swap_pairs(p, task, tokenized["train"])
-    teacher = load_teacher(params.distill, paths.teacher, task, tokenized["train"])  # None: distillation off
-    train_rows = tokenized["train"] if teacher is None else with_teacher_logits(tokenized["train"], teacher)
-    model = load_classifier(paths.pretrained, task, params.model.pooling)
-    model.config.swap_pairs = p.swap_pairs  # saved in config.json: evaluation averages both orders when true
-    parameters = sum(t.numel() for t in model.parameters())
-    train_collator = make_collator(tokenizer, swap=0.5 if p.swap_pairs else 0.0, seed=p.seed)
-    train_dl = train_dataloader(train_rows, train_collator, p.batch_size, p.seed, p.group_by_length)
-    batch_order = train_dl.generator
-    val_dls, _ = evaluation_loaders(tokenized["validation"], tokenizer, params.evaluate, p.swap_pairs)
-    optimizer = make_optimizer(model, p)
-    if p.torch_compile:
-        model = torch.compile(model)
-    model, optimizer, train_dl, *val_dls = accelerator.prepare(model, optimizer, train_dl, *val_dls)
-    schedule = Schedule.of(p, len(train_dl))
-    scheduler = make_scheduler(optimizer, p, schedule)
-    accelerator.register_for_checkpointing(scheduler)
-    log.info("Training up to %d optimizer steps (%d epochs of %d) on %d process(es) (%s), batch %d x %d accumulation, "
-             "mixed precision %s, lr %g (layer decay %g), %s schedule, %d warmup steps, %s head, %s, %d CPU threads",
-             schedule.total_steps, schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes,
-             accelerator.device, p.batch_size, p.gradient_accumulation_steps, mixed_precision, p.lr, p.layer_lr_decay,
-             p.scheduler, schedule.warmup_steps, params.model.pooling,
-             "pairs in both orders" if p.swap_pairs else "pairs as given", threads)
-    distill = None
-    if teacher is not None:
-        d = params.distill
-        distill = Distillation(d.alpha, d.temperature, task.is_regression, teacher.identity)
-        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g", d.teacher,
-                 teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature)
-    fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes, mixed_precision,
-                                  teacher.fingerprint() if teacher is not None else None)
-    baseline = constant_baseline(task, load_metric(task), tokenized["train"]["labels"],
-                                 tokenized["validation"]["labels"])
-    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dls,
-               batch_order, train_collator, schedule, fingerprint, mixed_precision, parameters, baseline,
-               distill=distill)
-
-
-def check_swap_pairs(p: TrainParams, task: Task, train: Dataset) -> None:
-    """With ``train.swap_pairs``, the task must be a symmetric pair task whose tokenized train split ``train`` has
-    both orders.
-
-    Raises:
-        ParamsError: the task is not symmetric, or the data lacks the swapped columns (tokenized by an older
-            version: rerun the tokenize stage).
-    """
-    if not p.swap_pairs:
-        return
-    if not task.symmetric:
-        raise ParamsError(f"params.yaml: train.swap_pairs: task {task.name!r} is not symmetric (its label depends on "
-                          "the order of the texts); set train.swap_pairs: false, or data.symmetric: true for your "
-                          "own pair data whose label does not")
-    if not has_both_orders(train):
-        raise ParamsError("data/tokenized: no swapped pairs in the train split; rerun `dvc repro tokenize`")
+    # the collapse verdict on the kept model, and the run's metrics/train.json
+    collapse = end_of_run(state.collapsed, state.epoch, stopping.best_epoch if run.p.keep_best else state.epoch)
+    return final_metrics(run, state, stopping, collapse, time.perf_counter() - start)
 
 
 def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
@@ -282,8 +179,9 @@ def train_epoch(run: Run, state: RunState, logs: TrainLog, progress: tqdm) -> li
 
 def end_of_epoch(run: Run, state: RunState, stopping: EarlyStopping, step_losses: list[float], logs: TrainLog,
                  paths: Paths) -> None:
-    """Validate (with the collapse check: a WARNING when the model does not beat the constant baseline), log the
-    epoch, keep the model if it is the best so far (or every epoch without ``keep_best``), and checkpoint the run."""
+    """Validate (with the collapse check: an INFO line when the model does not beat the constant baseline yet, the
+    verdict comes at the end of the run), log the epoch, keep the model if it is the best so far (or every epoch
+    without ``keep_best``), and checkpoint the run."""
     p, main = run.p, run.task.metrics[0]
     validation, logits = evaluate_split(run.model, run.val_dls, run.accelerator, run.task, load_metric(run.task),
                                         desc="validation")
@@ -302,7 +200,9 @@ def end_of_epoch(run: Run, state: RunState, stopping: EarlyStopping, step_losses
              f" | best {run.metric_for_best} so far" if improved else
              f" | no improvement for {stopping.bad_epochs} epoch(s)")
     report = collapse_check(run.task, validation, predictions_of(logits, run.task), run.baseline)
-    warn_if_collapsed(f"validation, epoch {state.epoch}", run.task, validation, report)
+    about = note_epoch(state.epoch, run.task, validation, report)
+    if about is not None:
+        state.collapsed[str(state.epoch)] = about
     logs.log_epoch(entry)
     if improved or not p.keep_best:
         save_model(run.accelerator, run.model, run.tokenizer, run.task, paths.checkpoints / "best")
@@ -333,7 +233,7 @@ def save_kept_model(run: Run, state: RunState, stopping: EarlyStopping, paths: P
         log.info("Saved the model of epoch %d to %s", kept_epoch, paths.trained)
 
 
-def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_seconds: float) -> dict:
+def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, collapse: dict, wall_seconds: float) -> dict:
     """The run's metrics/train.json.
 
     ``final_loss`` (mean train loss over the last epoch), ``mean_loss`` (over all steps), ``steps`` (optimizer
@@ -342,8 +242,11 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
     seen), ``train_seconds`` (wall seconds of the optimisation steps, validation excluded), ``samples_per_second``
     (train samples/s), ``wall_seconds`` (the whole call: loading, training, validation, saving), ``peak_memory_mb``
     (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``), ``parameters``, ``padding_fraction`` (padding / all tokens
-    of the training batches), ``real_tokens``, ``mixed_precision``, ``device`` (``describe_device``), ``validation_baseline`` (the constant model of
-    train's labels scored on validation: ``finetune.collapse.constant_baseline``), with ``torch_compile``
+    of the training batches), ``real_tokens``, ``mixed_precision``, ``device`` (``describe_device``), ``numerics``
+    (what decides the last digits: CPU vendor and model, threads, matmul and vector instructions;
+    ``finetune.hardware.numerics``), ``validation_baseline`` (the constant model of train's labels scored on
+    validation: ``finetune.collapse.constant_baseline``), ``collapse`` (``collapse_check``'s verdict over the
+    epochs: ``finetune.collapse.end_of_run``), with ``torch_compile``
     ``compile_seconds``, and with distillation ``distillation``: the teacher (``distill.teacher``) and its model type,
     ``alpha``, ``temperature`` and the last epoch's mean ``final_hard_loss`` and ``final_soft_loss``.
     """
@@ -369,7 +272,9 @@ def final_metrics(run: Run, state: RunState, stopping: EarlyStopping, wall_secon
         "real_tokens": state.real_tokens,
         "mixed_precision": run.mixed_precision,
         "device": describe_device(run.accelerator.device),
+        "numerics": numerics(run.accelerator.device, run.mixed_precision),
         "validation_baseline": run.baseline,
+        "collapse": collapse,
     }
     if run.compile_seconds is not None:
         metrics["compile_seconds"] = round(run.compile_seconds, 1)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 
 from finetune.card import model_card, write_model_folder
-from finetune.params import Paths, load_params
+from finetune.params import load_params
+from finetune.paths import Paths
 from finetune.runtime import run_stage
 
 log = logging.getLogger(__name__)

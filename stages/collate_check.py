@@ -16,7 +16,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from finetune.batches import evaluation_batches, make_collator, train_dataloader
 from finetune.errors import CollateError
 from finetune.modeling import load_classifier
-from finetune.params import Params, Paths, load_params
+from finetune.params import Params, load_params
+from finetune.paths import Paths
 from finetune.splits import is_labeled, present_splits
 from finetune.runtime import run_stage, write_json
 from finetune.tasks import Task

@@ -24,7 +24,8 @@ from finetune.collapse import collapse_check, constant_baseline, warn_if_collaps
 from finetune.evaluation import evaluate_split, load_metric, predictions_of, with_predictions
 from finetune.live import log_plots, open_live
 from finetune.modeling import load_finetuned, trained_on_both_orders
-from finetune.params import Params, Paths, load_params
+from finetune.params import Params, load_params
+from finetune.paths import Paths
 from finetune.splits import is_labeled, present_splits
 from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
 from finetune.tasks import Task

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from finetune.params import Paths, load_params
+from finetune.params import load_params
+from finetune.paths import Paths
 from finetune.runtime import run_stage
 from finetune.teacher import save_teacher, teacher_logits, write_off
 

@@ -12,7 +12,8 @@ import logging
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from finetune.params import Params, Paths, load_params
+from finetune.params import Params, load_params
+from finetune.paths import Paths
 from finetune.runtime import atomic_dir, run_stage, write_json
 from finetune.tasks import Task
 from finetune.tokenization import length_stats, tokenize

@@ -13,7 +13,8 @@ import logging
 
 from accelerate import PartialState
 
-from finetune.params import Paths, load_params
+from finetune.params import load_params
+from finetune.paths import Paths
 from finetune.runtime import run_stage, write_json
 from finetune.training import train
 

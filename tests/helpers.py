@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
-from finetune.params import Params, Paths, validate_params
+from finetune.params import Params, validate_params
+from finetune.paths import Paths
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""The benchmark's project way runs the stages themselves (tokenize, train, evaluate) with validated overrides."""
+"""The benchmark's project way runs the stages themselves (tokenize, train, evaluate) with validated overrides, and
+a workspace left on another task is refused in one line."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 
 import pytest
 
-from tests.helpers import make_project, python, run, tiny_params
+from benchmarks.benchmark import check_workspace
+from finetune.tasks import glue_task
+from tests.helpers import make_project, python, run, tiny_params, write_params
 
-pytestmark = pytest.mark.e2e  # the stages in subprocesses, as the benchmark runs them
+e2e = pytest.mark.e2e  # the stages in subprocesses, as the benchmark runs them
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +20,7 @@ def project(tiny_raw, tiny_checkpoint, tmp_path_factory):
     return make_project(tmp_path_factory.mktemp("benchmark") / "p", tiny_params(), tiny_raw, tiny_checkpoint).root
 
 
+@e2e
 def test_the_project_way_trains_and_evaluates_through_the_stages(project):
     overrides = json.dumps({"train": {"batch_size": 4}})
     out = run(python("-m", "benchmarks.benchmark", "--way", "project", "--max-steps", "3", "--overrides", overrides),
@@ -27,12 +31,14 @@ def test_the_project_way_trains_and_evaluates_through_the_stages(project):
     assert result["settings"]["batch_size"] == 4 and result["peak_rss_mb"] > 0
 
 
+@e2e
 def test_a_misspelt_override_is_named(project):
     out = run(python("-m", "benchmarks.benchmark", "--way", "project", "--overrides", '{"train": {"batch_sise": 4}}'),
               project, ok=False)
     assert "benchmark overrides: train.batch_sise: Extra inputs are not permitted" in out
 
 
+@e2e
 def test_checkpoints_side_by_side_with_the_flop_ratio_of_their_shapes(project, tiny_checkpoint, tokenizer, tmp_path):
     from tests.helpers import make_checkpoint
 
@@ -45,3 +51,30 @@ def test_checkpoints_side_by_side_with_the_flop_ratio_of_their_shapes(project, t
     # samples/s from the unrounded time: 2 steps of a tiny model may round train_seconds to 0.0
     assert all(r["samples_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["settings"]["batch_size"] == 8 for r in records)
     assert "| checkpoint | type | layers × hidden |" in (tmp_path / "CHECKPOINTS.md").read_text()
+
+
+# A workspace whose last experiment left another dataset (own files by -S, or another GLUE task in data/raw).
+
+def test_a_workspace_on_own_files_is_refused_naming_what_to_restore(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_params(tmp_path, tiny_params(data={"dataset": None, "config": None, "local_copy": None,
+                                             "files": {"train": "data/own/sick.csv"},
+                                             "text_columns": ["sentence_A", "sentence_B"], "label_column": "label"}))
+    assert check_workspace() == (
+        "the benchmark runs on GLUE MRPC, but params.yaml's data is data.files {'train': 'data/own/sick.csv'}: restore "
+        "params.yaml's data section (`git checkout params.yaml`, or `dvc exp apply` of an MRPC experiment), then "
+        "`dvc repro download`")
+    out = run(python("-m", "benchmarks.benchmark", "--mode", "short"), tmp_path, ok=False)
+    assert out.strip().splitlines() == [f"ERROR: python -m benchmarks.benchmark: {check_workspace()}"]  # no traceback
+
+
+def test_data_raw_of_another_task_is_refused_and_mrpc_passes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_params(tmp_path, tiny_params())
+    assert check_workspace() == "data/raw/task.json not found: run `dvc repro download` first"
+    (tmp_path / "data/raw").mkdir(parents=True)
+    glue_task("rte").save(tmp_path / "data/raw")
+    assert check_workspace() == ("the benchmark runs on GLUE MRPC, but data/raw holds task 'rte': run "
+                                 "`dvc repro download`")
+    glue_task("mrpc").save(tmp_path / "data/raw")
+    assert check_workspace() is None

@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 
 from finetune.card import model_card, write_model_folder
 from finetune.errors import PipelineError
-from finetune.params import Paths
+from finetune.paths import Paths
 from finetune.runtime import write_json
 from finetune.tasks import glue_task
 from tests.helpers import REPO, run, save_collapsed_model, tiny_params

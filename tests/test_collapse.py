@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from finetune import run as run_module
 from finetune import training
 from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
 from finetune.evaluation import load_metric, score
@@ -114,19 +115,80 @@ def test_regression_collapses_when_it_does_not_correlate(caplog):
                                    "train's mean score 2.0. Try " in warning
 
 
-# The stages: train warns after every epoch of a collapsed model; evaluate warns and writes the check.
+# The stages: train notes each collapsed epoch at INFO and warns once, at the end, when the kept model collapsed;
+# evaluate warns and writes the check.
 
-def test_training_a_model_forced_to_one_class_warns_every_epoch(tiny_project, tiny_raw, monkeypatch, caplog):
-    load_classifier = training.load_classifier
-    monkeypatch.setattr(training, "load_classifier", lambda *args: force_one_class(load_classifier(*args), 0))
-    with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
+def collapse_records(caplog) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "finetune.collapse"]
+
+
+def test_training_a_model_forced_to_one_class_notes_every_epoch_and_warns_once(tiny_project, tiny_raw, monkeypatch,
+                                                                              caplog):
+    load_classifier = run_module.load_classifier
+    monkeypatch.setattr(run_module, "load_classifier", lambda *args: force_one_class(load_classifier(*args), 0))
+    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
         metrics = train(tiny_params(), tiny_project())
-    collapsed = (": the model looks collapsed (one class for nearly every row, or no better than a constant model): "
-                 "it predicts 'not_equivalent' for 100.0% of the rows; f1 0.0000 against ")
-    assert [m.split(collapsed)[0] for m in warnings(caplog)] == ["validation, epoch 1", "validation, epoch 2"]
+    records = collapse_records(caplog)
+    notes = ("no better than a constant model yet: it predicts 'not_equivalent' for 100.0% of the rows; f1 0.0000 "
+             "against ")
+    assert [(level, m.split(notes)[0]) for level, m in records[:2]] == [
+        ("INFO", "validation, epoch 1: "), ("INFO", "validation, epoch 2: ")]
+    [(level, verdict)] = records[2:]
+    assert level == "WARNING" and verdict.startswith(
+        "Collapse check on validation: the kept model (epoch 2) looks collapsed, and every epoch (2) was: it predicts "
+        "'not_equivalent' for 100.0% of the rows; f1 0.0000 against ") and verdict.endswith("another model.checkpoint")
+    assert metrics["collapse"] == {"collapsed_epochs": [1, 2], "kept_model_collapsed": True}
     majority = int(np.bincount(tiny_raw["train"]["label"]).argmax())
     assert metrics["validation_baseline"] == baseline(MRPC, tiny_raw["train"]["label"], tiny_raw["validation"]["label"])
     assert metrics["validation_baseline"]["class"] == MRPC.label_names[majority]
+
+
+def validation_by_epoch(collapsed_epochs: set[int]):
+    """An ``evaluate_split`` for training whose n-th call (epoch n) predicts one class for every row when n is in
+    ``collapsed_epochs``, else the gold labels: a run that collapses and recovers, without training to get there."""
+    calls = []
+
+    def fake(model, dataloaders, accelerator, task, metric, desc):
+        calls.append(desc)
+        labels = torch.cat([batch["labels"] for batch in dataloaders[0]])
+        predicted = torch.zeros_like(labels) if len(calls) in collapsed_epochs else labels
+        logits = 10.0 * torch.nn.functional.one_hot(predicted, task.num_labels).float()
+        return {"loss": 0.5, **score(metric, task, predicted.numpy(), labels.numpy())}, logits
+
+    return fake
+
+
+def test_a_run_that_recovers_after_a_collapsed_epoch_does_not_warn(tiny_project, monkeypatch, caplog):
+    monkeypatch.setattr(training, "evaluate_split", validation_by_epoch({1}))
+    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+        metrics = train(tiny_params(train={"keep_best": True}), tiny_project())  # epoch 2 is the best
+    records = collapse_records(caplog)
+    assert [level for level, _ in records] == ["INFO", "INFO"]
+    assert records[0][1].startswith("validation, epoch 1: no better than a constant model yet: it predicts "
+                                    "'not_equivalent' for 100.0% of the rows; f1 0.0000 against ")
+    assert records[1][1] == ("Collapse check on validation: epoch(s) 1 of 2 were no better than a constant model; "
+                             "the kept model (epoch 2) is")
+    assert metrics["best_epoch"] == 2 and metrics["collapse"] == {"collapsed_epochs": [1],
+                                                                  "kept_model_collapsed": False}
+
+
+def test_a_kept_model_that_collapsed_warns_even_when_an_earlier_epoch_did_not(tiny_project, monkeypatch, caplog):
+    monkeypatch.setattr(training, "evaluate_split", validation_by_epoch({2}))
+    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+        metrics = train(tiny_params(train={"keep_best": False}), tiny_project())  # the last epoch's is kept
+    (_, note), (level, verdict) = collapse_records(caplog)
+    assert note.startswith("validation, epoch 2: no better than a constant model yet") and level == "WARNING"
+    assert verdict.startswith("Collapse check on validation: the kept model (epoch 2) looks collapsed, and epoch(s) 2 "
+                              "of 2 were: it predicts 'not_equivalent' for 100.0% of the rows")
+    assert metrics["collapse"] == {"collapsed_epochs": [2], "kept_model_collapsed": True}
+
+
+def test_a_run_with_no_collapsed_epoch_says_so_at_info(tiny_project, monkeypatch, caplog):
+    monkeypatch.setattr(training, "evaluate_split", validation_by_epoch(set()))
+    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+        metrics = train(tiny_params(), tiny_project())
+    assert collapse_records(caplog) == [("INFO", "Collapse check on validation: no epoch of 2 was collapsed")]
+    assert metrics["collapse"] == {"collapsed_epochs": [], "kept_model_collapsed": False}
 
 
 def test_evaluate_writes_the_check_of_a_collapsed_model_and_warns(tiny_project, tiny_raw, caplog):

@@ -313,7 +313,7 @@ def test_stale_or_missing_teacher_outputs_are_refused(distilled):
 def test_raw_and_tokenized_rows_must_align(tiny_raw, tiny_tokenized):
     from datasets import load_from_disk
 
-    from finetune.params import Paths
+    from finetune.paths import Paths
 
     tokenized, raw = load_from_disk(str(tiny_tokenized))["train"], tiny_raw["train"]
     check_aligned(raw, tokenized, Paths())

@@ -29,7 +29,7 @@ def test_committed_params_hold_the_chosen_defaults():
 def test_auto_mixed_precision_follows_the_hardware():
     import torch
 
-    from finetune.runtime import resolve_mixed_precision
+    from finetune.hardware import resolve_mixed_precision
 
     for choice in ("no", "fp16", "bf16"):
         assert resolve_mixed_precision(choice) == choice
@@ -42,19 +42,53 @@ def test_auto_mixed_precision_follows_the_hardware():
 def test_the_device_names_the_cpu_and_its_bf16_instructions(monkeypatch, tmp_path):
     import torch
 
-    from finetune import runtime
+    from finetune import hardware
 
     cpuinfo = tmp_path / "cpuinfo"
-    real_path = runtime.Path
-    monkeypatch.setattr(runtime, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    real_path = hardware.Path
+    monkeypatch.setattr(hardware, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
-    assert runtime.describe_device("cpu").startswith("cpu: AMD EPYC, ")
-    assert runtime.describe_device("cpu").endswith(" threads, avx512_bf16")
+    assert hardware.describe_device("cpu").startswith("cpu: AMD EPYC, ")
+    assert hardware.describe_device("cpu").endswith(" threads, avx512_bf16")
     cpuinfo.write_text("model name\t: Intel Xeon\nflags\t\t: fpu avx2\n")
-    assert runtime.describe_device("cpu").endswith(" threads, no bf16 instructions")
-    assert runtime.cpu_bf16_flags() == []
+    assert hardware.describe_device("cpu").endswith(" threads, no bf16 instructions")
+    assert hardware.cpu_bf16_flags() == []
     if not torch.cuda.is_available():
-        assert runtime.resolve_mixed_precision("auto") == "no"  # auto is fp32 on such a CPU
+        assert hardware.resolve_mixed_precision("auto") == "no"  # auto is fp32 on such a CPU
+
+
+@pytest.mark.parametrize("flags,precision,expected", [
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile", "bf16", "AMX-BF16 (oneDNN)"),
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16", "bf16", "AVX512-BF16 (oneDNN)"),
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq", "bf16", "bf16 converted to fp32 on AVX512 (no bf16 instructions)"),
+    ("avx2 fma", "bf16", "bf16 converted to fp32 on AVX2 (no bf16 instructions)"),
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16", "no", "AVX512 (MKL sgemm)"),
+    ("avx2 fma", "no", "AVX2-FMA (MKL sgemm)"),
+], ids=["amx", "avx512-bf16", "avx512-emulated", "avx2-emulated", "fp32-avx512", "fp32-avx2"])
+def test_the_matmul_instructions_follow_precision_and_flags(flags, precision, expected):
+    from finetune.hardware import matmul_isa
+
+    assert matmul_isa(precision, set(flags.split())) == expected
+
+
+def test_numerics_records_vendor_model_threads_and_instructions(monkeypatch, tmp_path):
+    import torch
+
+    from finetune import hardware
+
+    cpuinfo = tmp_path / "cpuinfo"
+    real_path = hardware.Path
+    monkeypatch.setattr(hardware, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    first = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+             "model name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: fpu avx2 fma avx512f avx512bw avx512vl "
+             "avx512dq avx512_bf16 amx_bf16 amx_tile\n")
+    cpuinfo.write_text(first + "\n" + first.replace("processor\t: 0", "processor\t: 1"))
+    assert hardware.numerics("cpu", "bf16") == {
+        "processor": "cpu", "vendor": "GenuineIntel", "model": "Intel(R) Xeon(R) Platinum 8481C", "family": "6",
+        "model_number": "143", "threads": torch.get_num_threads(), "precision": "bf16", "matmul": "AMX-BF16 (oneDNN)",
+        "vector_kernels": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+    cpuinfo.write_text("")  # no /proc/cpuinfo fields (another OS): unknown, not an error
+    assert hardware.numerics("cpu", "no")["vendor"] == "unknown" and hardware.cpu_model() == "unknown CPU"
 
 
 def _with(changes: dict):

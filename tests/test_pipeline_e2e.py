@@ -73,6 +73,8 @@ def test_repro_runs_every_stage_then_nothing(project):
     train = json.loads((root / "metrics/train.json").read_text())
     assert train["steps"] == 3 and train["parameters"] > 0 and train["peak_memory_mb"] > 0 and train["wall_seconds"] > 0
     assert train["mixed_precision"] == "no" and train["device"].startswith("cpu: ")  # the hardware, stated
+    assert train["numerics"]["precision"] == "no" and train["numerics"]["matmul"].endswith("(MKL sgemm)")
+    assert "collapsed_epochs" in train["collapse"]
     provenance = json.loads((root / "metrics/provenance.json").read_text())
     assert provenance["dataset"]["kind"] == "local" and provenance["dataset"]["splits"]["train"]["rows"] == 40
     # DVC outputs are git-ignored; metrics and DVCLive plot data are not.

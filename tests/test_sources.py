@@ -9,7 +9,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 
 from finetune import sources
 from finetune.errors import SourceError
-from finetune.params import project_path
+from finetune.paths import project_path
 from finetune.sources import resolve_checkpoint, resolve_dataset
 
 

@@ -177,7 +177,7 @@ def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_ch
                                                            label_column, metrics):
     import shutil
 
-    from finetune.params import Paths
+    from finetune.paths import Paths
 
     for split, (n, seed) in {"train": (32, 0), "validation": (12, 1), "test": (10, 2)}.items():
         write_own_file(own_frame(kind, n, seed), project_root / f"data/own/{split}.csv")
@@ -241,7 +241,7 @@ def test_three_class_own_data_is_held_to_the_collapse_check(project_root, tiny_c
     import logging
     import shutil
 
-    from finetune.params import Paths
+    from finetune.paths import Paths
     from finetune.tasks import Task
     from tests.helpers import save_collapsed_model
 

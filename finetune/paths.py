@@ -1,0 +1,73 @@
+"""Where the pipeline's artifacts live (``Paths``, the same paths as dvc.yaml declares), and how a path written in
+params.yaml is found from inside a stage (``project_path``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def project_path(path: str) -> Path:
+    """A path from params.yaml: absolute as is; inside the project (``data/own/...``, ``models/own/...``) relative to
+    the folder the stage runs in; outside it (``../shared/...``) relative to the original repository.
+
+    DVC runs a stage in the project root and sets ``$DVC_ROOT``. For a queued experiment the two differ: the stage
+    runs in a temporary copy under .dvc/tmp/exps (which holds the experiment's own tracked files), while
+    ``$DVC_ROOT`` names the original repository, beside which ``../shared`` lies. Outside DVC, both are the current
+    folder.
+    """
+    if Path(path).is_absolute() or not Path(path).parts or Path(path).parts[0] != "..":
+        return Path(path)
+    return Path(os.environ.get("DVC_ROOT", ".")) / path
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where every artifact of the pipeline lives, under ``root`` (dvc.yaml declares the same paths)."""
+
+    root: Path = Path(".")
+
+    @property
+    def raw(self) -> Path:  # download: DatasetDict.save_to_disk
+        return self.root / "data" / "raw"
+
+    @property
+    def tokenized(self) -> Path:  # tokenize: DatasetDict.save_to_disk
+        return self.root / "data" / "tokenized"
+
+    @property
+    def teacher(self) -> Path:  # teacher: the teacher's train logits and teacher.json (finetune/teacher.py)
+        return self.root / "data" / "teacher"
+
+    @property
+    def predictions(self) -> Path:  # evaluate: <split>.csv
+        return self.root / "data" / "predictions"
+
+    @property
+    def pretrained(self) -> Path:  # download: tokenizer + model, save_pretrained
+        return self.root / "models" / "pretrained"
+
+    @property
+    def trained(self) -> Path:  # train: the kept epoch's model + tokenizer (+ task.json)
+        return self.root / "models" / "trained"
+
+    @property
+    def finetuned(self) -> Path:  # card: models/trained and its model card README.md, the folder users load
+        return self.root / "models" / "finetuned"
+
+    @property
+    def checkpoints(self) -> Path:  # train: accelerator.save_state per epoch, for train.resume (not a DVC output)
+        return self.root / "models" / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:  # committed metrics JSON
+        return self.root / "metrics"
+
+    @property
+    def train_logs(self) -> Path:  # DVCLive logs by step and by epoch (git-tracked, cache: false)
+        return self.root / "dvclive" / "train"
+
+    @property
+    def eval_logs(self) -> Path:  # DVCLive confusion matrix, precision-recall and ROC data per split
+        return self.root / "dvclive" / "evaluate"

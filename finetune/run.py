@@ -1,0 +1,133 @@
+"""The run: everything one training run works with (Accelerator, tokenizer, model, DataLoaders, optimizer,
+schedule, distillation), built once from params and the stages' artifacts by ``build_run``, for the loop in
+finetune/training.py.
+
+Setup as in the Hugging Face course chapter "A full training" and accelerate's examples/nlp_example.py: the model
+and the DataLoaders, then ``accelerator.prepare`` of model, optimizer and DataLoaders together, then the schedule
+sized in optimizer steps of the prepared train DataLoader (finetune/optim.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from datasets import Dataset, load_from_disk
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from finetune.batches import PairCollator, evaluation_loaders, make_collator, train_dataloader
+from finetune.collapse import constant_baseline
+from finetune.distill import Distillation, load_teacher, with_teacher_logits
+from finetune.errors import ParamsError
+from finetune.evaluation import load_metric
+from finetune.hardware import resolve_mixed_precision
+from finetune.modeling import load_classifier
+from finetune.optim import Schedule, make_optimizer, make_scheduler
+from finetune.params import Params, TrainParams
+from finetune.paths import Paths
+from finetune.resume import run_fingerprint
+from finetune.runtime import make_accelerator, set_cpu_threads
+from finetune.tasks import Task
+from finetune.tokenization import has_both_orders
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """What one training run works with, built once by ``build_run``."""
+
+    p: TrainParams
+    task: Task
+    metric_for_best: str  # train.metric_for_best, or the task's main metric
+    accelerator: Accelerator
+    tokenizer: PreTrainedTokenizerBase
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_dl: torch.utils.data.DataLoader
+    val_dls: list[torch.utils.data.DataLoader]  # one, or with train.swap_pairs one per order of the pairs
+    batch_order: torch.Generator  # reseeded every epoch: the batch order depends on seed and epoch only
+    train_collator: PairCollator  # with train.swap_pairs its generator, reseeded every epoch, orders the pairs
+    schedule: Schedule
+    fingerprint: str
+    mixed_precision: str
+    parameters: int
+    baseline: dict  # the constant model of train's labels on validation (finetune.collapse.constant_baseline)
+    resumed_from: int = 0  # the epoch a resumed run continued after (0: a fresh run)
+    compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
+    distill: Distillation | None = None  # with distill.teacher: the loss on the teacher's logits too
+
+
+def build_run(params: Params, paths: Paths) -> Run:
+    """Accelerator, seed, tokenizer, model, DataLoaders, optimizer and schedule, prepared for the processes."""
+    p = params.train
+    threads = set_cpu_threads(p.num_threads)
+    mixed_precision = resolve_mixed_precision(p.mixed_precision)
+    accelerator = make_accelerator(mixed_precision=mixed_precision,
+                                   gradient_accumulation_steps=p.gradient_accumulation_steps)
+    set_seed(p.seed)
+    tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
+    task = Task.load(paths.tokenized)
+    try:
+        metric_for_best, _ = task.metric_for_best(p.metric_for_best)
+    except ValueError as err:
+        raise ParamsError(f"params.yaml: {err}") from None
+    tokenized = load_from_disk(str(paths.tokenized))
+    check_swap_pairs(p, task, tokenized["train"])
+    teacher = load_teacher(params.distill, paths.teacher, task, tokenized["train"])  # None: distillation off
+    train_rows = tokenized["train"] if teacher is None else with_teacher_logits(tokenized["train"], teacher)
+    model = load_classifier(paths.pretrained, task, params.model.pooling)
+    model.config.swap_pairs = p.swap_pairs  # saved in config.json: evaluation averages both orders when true
+    parameters = sum(t.numel() for t in model.parameters())
+    train_collator = make_collator(tokenizer, swap=0.5 if p.swap_pairs else 0.0, seed=p.seed)
+    train_dl = train_dataloader(train_rows, train_collator, p.batch_size, p.seed, p.group_by_length)
+    batch_order = train_dl.generator
+    val_dls, _ = evaluation_loaders(tokenized["validation"], tokenizer, params.evaluate, p.swap_pairs)
+    optimizer = make_optimizer(model, p)
+    if p.torch_compile:
+        model = torch.compile(model)
+    model, optimizer, train_dl, *val_dls = accelerator.prepare(model, optimizer, train_dl, *val_dls)
+    schedule = Schedule.of(p, len(train_dl))
+    scheduler = make_scheduler(optimizer, p, schedule)
+    accelerator.register_for_checkpointing(scheduler)
+    log.info("Training up to %d optimizer steps (%d epochs of %d) on %d process(es) (%s), batch %d x %d accumulation, "
+             "mixed precision %s, lr %g (layer decay %g), %s schedule, %d warmup steps, %s head, %s, %d CPU threads",
+             schedule.total_steps, schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes,
+             accelerator.device, p.batch_size, p.gradient_accumulation_steps, mixed_precision, p.lr, p.layer_lr_decay,
+             p.scheduler, schedule.warmup_steps, params.model.pooling,
+             "pairs in both orders" if p.swap_pairs else "pairs as given", threads)
+    distill = None
+    if teacher is not None:
+        d = params.distill
+        distill = Distillation(d.alpha, d.temperature, task.is_regression, teacher.identity)
+        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g", d.teacher,
+                 teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature)
+    fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes, mixed_precision,
+                                  teacher.fingerprint() if teacher is not None else None)
+    baseline = constant_baseline(task, load_metric(task), tokenized["train"]["labels"],
+                                 tokenized["validation"]["labels"])
+    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dls,
+               batch_order, train_collator, schedule, fingerprint, mixed_precision, parameters, baseline,
+               distill=distill)
+
+
+def check_swap_pairs(p: TrainParams, task: Task, train: Dataset) -> None:
+    """With ``train.swap_pairs``, the task must be a symmetric pair task whose tokenized train split ``train`` has
+    both orders.
+
+    Raises:
+        ParamsError: the task is not symmetric, or the data lacks the swapped columns (tokenized by an older
+            version: rerun the tokenize stage).
+    """
+    if not p.swap_pairs:
+        return
+    if not task.symmetric:
+        raise ParamsError(f"params.yaml: train.swap_pairs: task {task.name!r} is not symmetric (its label depends on "
+                          "the order of the texts); set train.swap_pairs: false, or data.symmetric: true for your "
+                          "own pair data whose label does not")
+    if not has_both_orders(train):
+        raise ParamsError("data/tokenized: no swapped pairs in the train split; rerun `dvc repro tokenize`")
