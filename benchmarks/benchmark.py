@@ -15,9 +15,8 @@ The project's way calls the stages themselves (tokenize, train, evaluate on vali
 whose params are params.yaml with the benchmark's overrides, validated like params.yaml.
 Needs data/raw and models/pretrained of GLUE MRPC (`dvc repro download` with params.yaml's data section as
 committed); in a workspace whose params.yaml or data/raw hold another task it stops with one line saying what to
-restore. Writes benchmarks/results.json and
-benchmarks/RESULTS.md (full mode) or benchmarks/results-short.json and RESULTS-short.md (short mode);
-``--checkpoints`` writes benchmarks/CHECKPOINTS.md and checkpoints.json.
+restore. Writes benchmarks/results.json and benchmarks/RESULTS.md (full mode) or benchmarks/results-short.json and
+RESULTS-short.md (short mode); ``--checkpoints`` writes benchmarks/CHECKPOINTS.md and checkpoints.json.
 """
 
 from __future__ import annotations

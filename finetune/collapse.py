@@ -90,7 +90,8 @@ def describe_collapse(task: Task, metrics: dict, report: dict) -> str:
     main metric against the constant model's (``report``: ``collapse_check``; ``metrics``: the split's)."""
     base, main, most = report["baseline"], task.metrics[0], report.get("most_predicted")
     predicts = f"it predicts {most['class']!r} for {most['share']:.1%} of the rows; " if most else "its "
-    return f"{predicts}{main} {metrics[main]:.4f} against {base[main]:.4f} by always predicting {describe_constant(base)}"
+    constant = describe_constant(base)
+    return f"{predicts}{main} {metrics[main]:.4f} against {base[main]:.4f} by always predicting {constant}"
 
 
 def warn_if_collapsed(where: str, task: Task, metrics: dict, report: dict) -> None:
@@ -129,14 +130,15 @@ def end_of_run(collapsed: dict[str, str], epochs: int, kept_epoch: int) -> dict:
     """
     which = sorted(int(epoch) for epoch in collapsed)
     kept = collapsed.get(str(kept_epoch))
-    names = ", ".join(map(str, which))
+    some = (f"epoch {which[0]} of {epochs} was" if len(which) == 1 else
+            f"epochs {', '.join(map(str, which))} of {epochs} were")
     if kept is not None:
-        every = f"every epoch ({epochs}) was" if len(which) == epochs else f"epoch(s) {names} of {epochs} were"
+        every = f"every epoch ({epochs}) was" if len(which) == epochs else some
         log.warning("Collapse check on validation: the kept model (epoch %d) looks collapsed, and %s: %s. %s",
                     kept_epoch, every, kept, ADVICE)
     elif which:
-        log.info("Collapse check on validation: epoch(s) %s of %d were no better than a constant model; the kept "
-                 "model (epoch %d) is", names, epochs, kept_epoch)
+        log.info("Collapse check on validation: %s no better than a constant model; the kept model (epoch %d) is "
+                 "not collapsed", some, kept_epoch)
     else:
         log.info("Collapse check on validation: no epoch of %d was collapsed", epochs)
     return {"collapsed_epochs": which, "kept_model_collapsed": kept is not None}

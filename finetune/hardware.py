@@ -61,7 +61,8 @@ def describe_device(device) -> str:
 
     if getattr(device, "type", str(device)) == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
-    return f"cpu: {cpu_model()}, {torch.get_num_threads()} threads, {' '.join(cpu_bf16_flags()) or 'no bf16 instructions'}"
+    bf16 = " ".join(cpu_bf16_flags()) or "no bf16 instructions"
+    return f"cpu: {cpu_model()}, {torch.get_num_threads()} threads, {bf16}"
 
 
 def matmul_isa(mixed_precision: str, flags: set[str]) -> str:
@@ -80,7 +81,8 @@ def matmul_isa(mixed_precision: str, flags: set[str]) -> str:
             return "AMX-BF16 (oneDNN)"
         if avx512 and "avx512_bf16" in flags and mixed_precision == "bf16":
             return "AVX512-BF16 (oneDNN)"
-        return f"{mixed_precision} converted to fp32 on {'AVX512' if avx512 else 'AVX2'} (no {mixed_precision} instructions)"
+        vector = "AVX512" if avx512 else "AVX2"
+        return f"{mixed_precision} converted to fp32 on {vector} (no {mixed_precision} instructions)"
     if "avx512f" in flags:
         return "AVX512 (MKL sgemm)"
     return "AVX2-FMA (MKL sgemm)" if {"avx2", "fma"} <= flags else "SSE (MKL sgemm)"

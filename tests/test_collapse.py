@@ -9,7 +9,7 @@ import torch
 
 from finetune import run as run_module
 from finetune import training
-from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
+from finetune.collapse import collapse_check, constant_baseline, end_of_run, warn_if_collapsed
 from finetune.evaluation import load_metric, score
 from finetune.tasks import glue_task, own_task
 from finetune.training import train
@@ -166,8 +166,8 @@ def test_a_run_that_recovers_after_a_collapsed_epoch_does_not_warn(tiny_project,
     assert [level for level, _ in records] == ["INFO", "INFO"]
     assert records[0][1].startswith("validation, epoch 1: no better than a constant model yet: it predicts "
                                     "'not_equivalent' for 100.0% of the rows; f1 0.0000 against ")
-    assert records[1][1] == ("Collapse check on validation: epoch(s) 1 of 2 were no better than a constant model; "
-                             "the kept model (epoch 2) is")
+    assert records[1][1] == ("Collapse check on validation: epoch 1 of 2 was no better than a constant model; the "
+                             "kept model (epoch 2) is not collapsed")
     assert metrics["best_epoch"] == 2 and metrics["collapse"] == {"collapsed_epochs": [1],
                                                                   "kept_model_collapsed": False}
 
@@ -178,9 +178,21 @@ def test_a_kept_model_that_collapsed_warns_even_when_an_earlier_epoch_did_not(ti
         metrics = train(tiny_params(train={"keep_best": False}), tiny_project())  # the last epoch's is kept
     (_, note), (level, verdict) = collapse_records(caplog)
     assert note.startswith("validation, epoch 2: no better than a constant model yet") and level == "WARNING"
-    assert verdict.startswith("Collapse check on validation: the kept model (epoch 2) looks collapsed, and epoch(s) 2 "
-                              "of 2 were: it predicts 'not_equivalent' for 100.0% of the rows")
+    assert verdict.startswith("Collapse check on validation: the kept model (epoch 2) looks collapsed, and epoch 2 of "
+                              "2 was: it predicts 'not_equivalent' for 100.0% of the rows")
     assert metrics["collapse"] == {"collapsed_epochs": [2], "kept_model_collapsed": True}
+
+
+def test_the_verdict_names_the_collapsed_epochs(caplog):
+    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+        assert end_of_run({"1": "x", "2": "y"}, 4, 3) == {"collapsed_epochs": [1, 2], "kept_model_collapsed": False}
+        assert end_of_run({"2": "y", "3": "z"}, 4, 3) == {"collapsed_epochs": [2, 3], "kept_model_collapsed": True}
+    assert collapse_records(caplog) == [
+        ("INFO", "Collapse check on validation: epochs 1, 2 of 4 were no better than a constant model; the kept model "
+                 "(epoch 3) is not collapsed"),
+        ("WARNING", "Collapse check on validation: the kept model (epoch 3) looks collapsed, and epochs 2, 3 of 4 "
+                    "were: z. Try another train.lr (a lower one first), more train.epochs, model.pooling: mean, or "
+                    "another model.checkpoint")]
 
 
 def test_a_run_with_no_collapsed_epoch_says_so_at_info(tiny_project, monkeypatch, caplog):
