@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
+from finetune.hardware import cpu_bf16_flags, cpu_model, resolve_mixed_precision
 from finetune.params import load_params, with_overrides
 from finetune.paths import Paths
-from finetune.hardware import cpu_bf16_flags, cpu_model, resolve_mixed_precision
 from finetune.runtime import peak_memory_mb
 from finetune.tables import markdown_table
 
@@ -356,7 +356,7 @@ def check_workspace() -> str | None:
         data = load_params().data
     except ParamsError as err:
         return str(err).splitlines()[0]
-    where = (f"data.files {dict(data.files)}" if data.files else f"data.dataset {data.dataset!r}, config {data.config!r}")
+    where = f"data.files {data.files}" if data.files else f"data.dataset {data.dataset!r}, config {data.config!r}"
     restore = ("restore params.yaml's data section (`git checkout params.yaml`, or `dvc exp apply` of an MRPC "
                "experiment), then `dvc repro download`")
     if data.glue_task != "mrpc":

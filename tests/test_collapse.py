@@ -144,7 +144,7 @@ def test_training_a_model_forced_to_one_class_notes_every_epoch_and_warns_once(t
 
 
 def validation_by_epoch(collapsed_epochs: set[int]):
-    """An ``evaluate_split`` for training whose n-th call (epoch n) predicts one class for every row when n is in
+    """An ``evaluate_split`` whose n-th call (in training: epoch n) predicts one class for every row when n is in
     ``collapsed_epochs``, else the gold labels: a run that collapses and recovers, without training to get there."""
     calls = []
 
@@ -220,14 +220,9 @@ def test_evaluate_writes_the_check_of_a_collapsed_model_and_warns(tiny_project, 
 
 
 def test_evaluate_of_a_model_that_follows_the_gold_does_not_warn(tiny_project, monkeypatch, caplog):
-    def follows_the_gold(model, dataloaders, accelerator, task, metric, desc):
-        labels = torch.cat([batch["labels"] for batch in dataloaders[0]])
-        logits = 10.0 * torch.nn.functional.one_hot(labels, task.num_labels).float()
-        return {"loss": 0.0, **score(metric, task, labels, labels)}, logits
-
     paths = tiny_project()
     save_collapsed_model(paths, MRPC, winner=1)  # its weights are not used: the logits follow the gold
-    monkeypatch.setattr(evaluate_stage, "evaluate_split", follows_the_gold)
+    monkeypatch.setattr(evaluate_stage, "evaluate_split", validation_by_epoch(set()))
     with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
         results = evaluate_model(tiny_params(evaluate={"splits": ["validation"]}), paths)
     assert results["validation"]["collapsed"] is False and results["validation"]["f1"] == 1.0

@@ -39,14 +39,22 @@ def test_auto_mixed_precision_follows_the_hardware():
         assert resolve_mixed_precision("auto") == expected
 
 
-def test_the_device_names_the_cpu_and_its_bf16_instructions(monkeypatch, tmp_path):
+@pytest.fixture
+def cpuinfo(monkeypatch, tmp_path):
+    """A file that finetune.hardware reads in place of /proc/cpuinfo: write the fields to fake a CPU."""
+    from finetune import hardware
+
+    fake = tmp_path / "cpuinfo"
+    real_path = hardware.Path
+    monkeypatch.setattr(hardware, "Path", lambda p: fake if p == "/proc/cpuinfo" else real_path(p))
+    return fake
+
+
+def test_the_device_names_the_cpu_and_its_bf16_instructions(cpuinfo):
     import torch
 
     from finetune import hardware
 
-    cpuinfo = tmp_path / "cpuinfo"
-    real_path = hardware.Path
-    monkeypatch.setattr(hardware, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
     assert hardware.describe_device("cpu").startswith("cpu: AMD EPYC, ")
     assert hardware.describe_device("cpu").endswith(" threads, avx512_bf16")
@@ -71,14 +79,11 @@ def test_the_matmul_instructions_follow_precision_and_flags(flags, precision, ex
     assert matmul_isa(precision, set(flags.split())) == expected
 
 
-def test_numerics_records_vendor_model_threads_and_instructions(monkeypatch, tmp_path):
+def test_numerics_records_vendor_model_threads_and_instructions(cpuinfo):
     import torch
 
     from finetune import hardware
 
-    cpuinfo = tmp_path / "cpuinfo"
-    real_path = hardware.Path
-    monkeypatch.setattr(hardware, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
     first = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
              "model name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: fpu avx2 fma avx512f avx512bw avx512vl "
              "avx512dq avx512_bf16 amx_bf16 amx_tile\n")
