@@ -35,3 +35,9 @@ class TeacherError(PipelineError, ValueError):
     """The teacher of knowledge distillation (``distill.teacher``, its logits in data/teacher) does not fit the task or
     the train split: other labels, regression against classification, another row count, or logits of another
     teacher or data; the message names data/teacher/teacher.json and ``distill.teacher``."""
+
+
+class ExportError(PipelineError, RuntimeError):
+    """A served form of the model that can't be made, loaded or trusted: an exporter that can't handle the model's
+    family, a missing ONNX Runtime, an unknown or absent form, or an fp32 export whose logits differ from PyTorch's;
+    the message names the form and the folder or params key."""

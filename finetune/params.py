@@ -184,6 +184,28 @@ class DistillParams(_Section):
         return teacher
 
 
+class Int8Params(_Section):
+    per_channel: StrictBool  # one weight scale per output channel (else one per tensor)
+    keep_fp32: list[Annotated[str, Field(min_length=1)]]  # modules kept fp32: a name or the end of a dotted path
+
+
+class ExportParams(_Section):
+    """The served forms of the fine-tuned model (finetune/export.py, docs/serving.md)."""
+
+    forms: list[Literal["onnx-fp32", "onnx-int8", "torch-bf16"]]  # [] makes none
+    opset: int = Field(strict=True, ge=17)  # ONNX opset of torch.onnx.export
+    int8: Int8Params
+    fp32_tolerance: float = Field(gt=0)  # largest |logit - PyTorch's logit| of an fp32 form: beyond, the stage fails
+    max_metric_drop: float = Field(ge=0)  # a lossy form (int8, bf16) losing more of the main metric: a WARNING
+
+    @field_validator("forms")
+    @classmethod
+    def _each_once(cls, forms: list[str]) -> list[str]:
+        if len(set(forms)) != len(forms):
+            raise ValueError(f"a form is listed twice: {forms}")
+        return forms
+
+
 class Params(_Section):
     """The whole of params.yaml. Every key is required: params.yaml is the one source of defaults."""
 
@@ -193,6 +215,7 @@ class Params(_Section):
     train: TrainParams
     evaluate: EvaluateParams
     distill: DistillParams
+    export: ExportParams
 
 
 def yaml_reader() -> YAML:

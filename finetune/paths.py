@@ -57,6 +57,10 @@ class Paths:
         return self.root / "models" / "finetuned"
 
     @property
+    def exported(self) -> Path:  # export: one folder per served form (finetune/export.py)
+        return self.root / "models" / "exported"
+
+    @property
     def checkpoints(self) -> Path:  # train: accelerator.save_state per epoch, for train.resume (not a DVC output)
         return self.root / "models" / "checkpoints"
 

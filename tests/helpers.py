@@ -36,6 +36,7 @@ TINY = {
               "group_by_length": False, "adamw_impl": "default",
               "accelerate_config": str(REPO / "configs/accelerate/default.yaml")},
     "evaluate": {"batch_size": 8, "sort_by_length": False},
+    "export": {"forms": []},  # each served form costs a repro seconds; tests/test_export.py and one e2e test make them
 }
 
 FEATURES = Features({

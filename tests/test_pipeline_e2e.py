@@ -53,7 +53,7 @@ def lr_of(data: dict) -> float:
 def test_repro_runs_every_stage_then_nothing(project):
     root = project
     out = run(dvc("repro"), root)
-    for stage in ("download", "tokenize", "collate-check", "train", "evaluate", "card"):
+    for stage in ("download", "tokenize", "collate-check", "train", "evaluate", "card", "export"):
         assert f"Running stage '{stage}'" in out
     for path in ("data/raw", "data/tokenized", "data/predictions/validation.csv", "data/predictions/test.csv",
                  "models/pretrained/config.json", "models/trained/model.safetensors",
@@ -88,6 +88,19 @@ def test_repro_runs_every_stage_then_nothing(project):
     assert "Running stage" not in run(dvc("repro"), root)
     run(["git", "add", "-A"], root)
     run(["git", "commit", "-qm", "baseline run"], root)
+
+
+def test_export_params_rerun_the_export_stage_only(project):
+    # The tiny params make no served form; asking for them reruns export alone, and export.json is a metric.
+    root = project
+    out = run(dvc("exp", "run", "-S", "export.forms=[onnx-fp32,onnx-int8]", "--name", "served"), root)
+    assert "Running stage 'export'" in out
+    assert "Running stage 'train'" not in out and "Running stage 'evaluate'" not in out
+    export = exp_show(root)["served"]["metrics"]["metrics/export.json"]["data"]
+    assert export["onnx-fp32"]["validation"]["agreement"] == 1.0
+    assert set(export) == {"pytorch", "onnx-fp32", "onnx-int8"}
+    run(["git", "checkout", "--", "."], root)
+    run(dvc("checkout"), root)
 
 
 def test_dvclive_logs_one_row_per_logged_step_and_epoch(project):

@@ -7,6 +7,7 @@ are kept as they are.
 
     python -m tools.predict new_pairs.csv --out predictions.csv
     python -m tools.predict reviews.jsonl --model models/finetuned --batch-size 64 --out scored.csv
+    python -m tools.predict new_pairs.csv --form onnx-int8 --out predictions.csv   # a served form (models/exported)
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from finetune.checks import check_text
 from finetune.errors import DataError, PipelineError
 from finetune.evaluation import evaluate_split, with_predictions
 from finetune.loading import load_files
-from finetune.modeling import load_finetuned, trained_on_both_orders
+from finetune.forms import PYTORCH, load_form
+from finetune.modeling import trained_on_both_orders
 from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, set_cpu_threads, setup_logging
 from finetune.tasks import Task
@@ -35,22 +37,29 @@ from finetune.tokenization import tokenize
 log = logging.getLogger(__name__)
 
 
-def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length: int | None = None) -> pd.DataFrame:
+def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length: int | None = None,
+            form: str = PYTORCH, exported_dir: Path = Path("models/exported")) -> pd.DataFrame:
     """The rows of ``input_file`` with ``prediction`` (class name, or score for regression) and, for classification,
-    ``probability_<name>`` per class, in the file's order.
+    ``probability_<name>`` per class, in the file's order, by the model of ``form``: ``pytorch`` (``model_dir``) or
+    a served form in ``exported_dir`` (finetune/forms.py).
 
     Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order. A model
     trained with ``train.swap_pairs`` scores both orders of each pair and averages them, as the evaluate stage does.
 
     Raises:
         CheckpointError: ``model_dir`` lacks config, weights or tokenizer.
-        DataError: the file can't be read, lacks a text column (the message lists those it has), or has an empty
-            text; naming the file and the row.
+        ExportError: an unknown form, one not exported, or ONNX Runtime missing.
+        DataError: the file can't be read, has no rows, lacks a text column (the message lists those it has), or
+            has an empty text; naming the file and the row.
     """
-    model = load_finetuned(model_dir)
+    set_cpu_threads(None)
+    model = load_form(form, model_dir, exported_dir)
+    model_dir = model_dir if form == PYTORCH else exported_dir / form  # the form's own tokenizer and task.json
     task = Task.load(model_dir)
     both_orders = trained_on_both_orders(model)
     data = load_files({"input": input_file})["input"]
+    if len(data) == 0:
+        raise DataError(f"{input_file}: no rows to predict")
     missing = [c for c in task.text_columns if c not in data.column_names]
     if missing:
         raise DataError(f"{input_file}: lacks column(s) {missing} that the model reads; has {data.column_names}")
@@ -61,9 +70,9 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenized = tokenize({"input": text}, tokenizer, max_length or tokenizer.model_max_length, task.text_columns,
                          both_orders)
-    set_cpu_threads(None)
     accelerator = make_accelerator()
-    model = accelerator.prepare(model)
+    if form in (PYTORCH, "torch-bf16"):  # an ONNX Runtime session runs on the CPU as it is
+        model = accelerator.prepare(model)
     loaders, order = evaluation_loaders(tokenized["input"], tokenizer, EvaluateParams(
         batch_size=batch_size, sort_by_length=True, splits=["test"]), both_orders)
     _, logits = evaluate_split(model, [accelerator.prepare(dl) for dl in loaders], accelerator, task, None,
@@ -75,13 +84,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("input", type=Path, help="CSV, TSV, JSON Lines, JSON or Parquet file of new examples")
     parser.add_argument("--model", type=Path, default=Path("models/finetuned"), help="fine-tuned model folder")
+    parser.add_argument("--form", default=PYTORCH, help="pytorch (the model folder, fp32) or a form the export "
+                        "stage made: onnx-fp32, onnx-int8, torch-bf16 (docs/serving.md)")
+    parser.add_argument("--exported", type=Path, default=Path("models/exported"), help="the export stage's folder")
     parser.add_argument("--out", type=Path, default=Path("predictions.csv"), help="CSV to write")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-length", type=int, default=None, help="truncation in tokens (default: the model's)")
     args = parser.parse_args(argv)
     setup_logging()
     try:
-        table = predict(args.input, args.model, args.batch_size, args.max_length)
+        table = predict(args.input, args.model, args.batch_size, args.max_length, args.form, args.exported)
     except PipelineError as err:
         sys.exit(f"ERROR: {err}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

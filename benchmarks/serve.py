@@ -1,0 +1,250 @@
+"""Serving benchmark, side by side in one run: what a user would write (``pipeline("text-classification")``, fp32)
+against each served form of the export stage (finetune/export.py), on GLUE MRPC validation pairs.
+
+Per model and way: batch 1 latency (p50 and p95 over the first ``--latency-pairs`` pairs, tokenizing included, in
+milliseconds) and batch 32 throughput (pairs/s over all 408 pairs, tokenizing included), with validation accuracy
+and F1 where the model is fine-tuned, and each way's ratio to ``pipeline()``. ``pipeline()`` takes the pairs in
+file order, as a user passes them; the forms go through ``tools.predict``'s path (batches sorted by length, so
+padding stays small), shown separately as ``pytorch fp32 (sorted)`` so that the sorting's share is visible.
+
+The machine's matmul ceilings (fp32 and, where the instructions exist, bf16 in torch; int8 in ONNX Runtime's
+``MatMulInteger``) are probed, and each way's achieved GFLOP/s at batch 32 reported as a fraction of its ceiling.
+
+    python -m benchmarks.serve                    # the default model: models/finetuned and models/exported
+    python -m benchmarks.serve --base sentence-transformers/all-mpnet-base-v2   # and the base-size model
+
+The base-size model is not fine-tuned here (a 20-minute bf16 run, an hour in fp32): it gets a fresh head, is
+exported with the same ``export`` params in a temp folder, and is timed the same way; its accuracy is not reported
+(only the agreement of each form with its own PyTorch fp32 logits). Needs ``dvc repro`` (through the export stage)
+on MRPC. Writes benchmarks/serve.json and benchmarks/SERVE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+from datasets import load_from_disk
+from sklearn.metrics import accuracy_score, f1_score
+from transformers import AutoTokenizer, pipeline
+
+from benchmarks.benchmark import check_workspace, machine, matmul_gflops
+from finetune.export import bf16_unsupported, copy_side_files, export_onnx, quantize_int8
+from finetune.forms import PYTORCH, load_form
+from finetune.modeling import load_classifier
+from finetune.params import load_params
+from finetune.paths import Paths
+from finetune.sources import resolve_checkpoint
+from finetune.tables import markdown_table
+from finetune.tasks import glue_task
+
+HERE = Path(__file__).parent
+
+
+def timed_batches(classifier, tokenizer, pairs: list[tuple[str, str]], batch_size: int, sort: bool):
+    """Logits ``[pairs, num_labels]`` in the pairs' order and each batch's seconds (tokenizing included)."""
+    order = np.argsort([len(a) + len(b) for a, b in pairs], kind="stable") if sort else np.arange(len(pairs))
+    logits, seconds = [None] * len(pairs), []
+    with torch.inference_mode():
+        for start in range(0, len(pairs), batch_size):
+            rows = order[start:start + batch_size]
+            begin = time.perf_counter()
+            batch = tokenizer([pairs[i][0] for i in rows], [pairs[i][1] for i in rows], padding=True,
+                              truncation=True, return_tensors="pt")
+            out = classifier(**batch).logits.float()
+            seconds.append(time.perf_counter() - begin)
+            for i, row in enumerate(rows):
+                logits[row] = out[i]
+    return torch.stack(logits), seconds
+
+
+def pipeline_way(model_dir: Path, pairs, batch_size: int):
+    """``pipeline("text-classification")`` as a user writes it; its class ids and each call's seconds."""
+    classify = pipeline("text-classification", model=str(model_dir), device=-1)
+    label2id = classify.model.config.label2id
+    inputs = [{"text": a, "text_pair": b} for a, b in pairs]
+    classify(inputs[:2], batch_size=batch_size)  # warm-up
+    if batch_size == 1:
+        seconds, labels = [], []
+        for row in inputs:
+            begin = time.perf_counter()
+            labels.append(classify(row)["label"])
+            seconds.append(time.perf_counter() - begin)
+    else:
+        begin = time.perf_counter()
+        labels = [out["label"] for out in classify(inputs, batch_size=batch_size)]
+        seconds = [time.perf_counter() - begin]
+    return np.array([label2id[label] for label in labels]), seconds
+
+
+def measure(way: str, model_dir: Path, exported: Path, pairs, latency_pairs: int) -> dict:
+    """Batch 1 p50/p95 ms and batch 32 pairs/s of one way, with its batch-32 predicted class ids."""
+    if way == "pipeline() fp32":
+        _, lat = pipeline_way(model_dir, pairs[:latency_pairs], 1)
+        predicted, sec = pipeline_way(model_dir, pairs, 32)
+    else:
+        form, sort, autocast = {"pytorch fp32 (sorted)": (PYTORCH, True, False),
+                                "torch bf16 autocast": (PYTORCH, True, True)}.get(way, (way, True, False))
+        classifier = load_form(form, model_dir, exported).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            timed_batches(classifier, tokenizer, pairs[:4], 2, sort)  # warm-up
+            _, lat = timed_batches(classifier, tokenizer, pairs[:latency_pairs], 1, False)
+            logits, sec = timed_batches(classifier, tokenizer, pairs, 32, sort)
+        predicted = logits.argmax(-1).numpy()
+    return {"way": way, "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 1),
+            "p95_ms": round(float(np.percentile(lat, 95)) * 1e3, 1),
+            "batch32_pairs_per_s": round(len(pairs) / sum(sec), 1), "predicted": predicted}
+
+
+def int8_gops(n: int = 2048, repeats: int = 10) -> float:
+    """ONNX Runtime's ``MatMulInteger`` (uint8 x int8, int32 out) ``[n, n] @ [n, n]`` in GOP/s, best of
+    ``repeats``: the int8 ceiling that dynamic quantization's matmuls run on."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["c"])], "int8",
+                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, n]),
+                               helper.make_tensor_value_info("b", TensorProto.INT8, [n, n])],
+                              [helper.make_tensor_value_info("c", TensorProto.INT32, [n, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {"a": np.random.randint(0, 255, (n, n), dtype=np.uint8),
+            "b": np.random.randint(-127, 127, (n, n), dtype=np.int8)}
+    session.run(None, feed)
+    best = min(_seconds(lambda: session.run(None, feed)) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def _seconds(call) -> float:
+    begin = time.perf_counter()
+    call()
+    return time.perf_counter() - begin
+
+
+def export_base(checkpoint: str, folder: Path) -> Path:
+    """``checkpoint`` with a fresh MRPC head (seed 0) saved to ``folder`` with its tokenizer, and its ONNX fp32 and
+    int8 forms in ``folder / "exported"``, made as the export stage makes them."""
+    torch.manual_seed(0)
+    source, task, p = resolve_checkpoint(checkpoint).path, glue_task("mrpc"), load_params().export
+    model = load_classifier(source, task).eval()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    task.save(folder)
+    for form in ("onnx-fp32", "onnx-int8"):
+        copy_side_files(folder, folder / "exported" / form)
+    fp32 = export_onnx(model, tokenizer, folder / "exported" / "onnx-fp32" / "model.onnx", p.opset)
+    quantize_int8(fp32, folder / "exported" / "onnx-int8" / "model.onnx", p.int8.per_channel, p.int8.keep_fp32)
+    return folder
+
+
+def flops_per_pair(model_dir: Path, pairs) -> float:
+    """The useful FLOPs of one pair: 2 x the weights of the model's linear layers x its mean real tokens (padding
+    excluded; attention's own products, about 2 x seq_len x hidden per token and layer, left out)."""
+    model = load_form(PYTORCH, model_dir, model_dir)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokens = np.mean([len(ids) for ids in tokenizer([a for a, _ in pairs], [b for _, b in pairs])["input_ids"]])
+    return 2 * weights * float(tokens)
+
+
+def bench_model(name: str, model_dir: Path, exported: Path, pairs, labels, latency_pairs: int, tuned: bool,
+                ceilings: dict) -> list:
+    """Every way for one model: rows with ratios to ``pipeline()``, the share of the matmul ceiling reached at batch
+    32 (int8 for onnx-int8, bf16 for the bf16 ways, else fp32), and (fine-tuned) accuracy and F1, else the agreement
+    with the PyTorch fp32 predictions."""
+    flops = flops_per_pair(model_dir, pairs)
+    ways = ["pipeline() fp32", "pytorch fp32 (sorted)", "onnx-fp32", "onnx-int8"]
+    if bf16_unsupported() is None:
+        ways[2:2] = ["torch bf16 autocast"]
+        if (exported / "torch-bf16").is_dir():
+            ways.append("torch-bf16")
+    rows = []
+    for way in ways:
+        print(f"{name}: {way}", flush=True)
+        row = measure(way, model_dir, exported, pairs, latency_pairs)
+        predicted = row.pop("predicted")
+        if tuned:
+            row.update(accuracy=round(accuracy_score(labels, predicted), 4), f1=round(f1_score(labels, predicted), 4))
+        else:
+            row["agreement"] = round(float((predicted == rows[0]["_predicted"]).mean()), 4) if rows else 1.0
+        row["_predicted"] = predicted
+        rows.append({"model": name, **row})
+    base = rows[0]
+    for row in rows:
+        row["x_batch1"] = round(base["p50_ms"] / row["p50_ms"], 2)
+        row["x_batch32"] = round(row["batch32_pairs_per_s"] / base["batch32_pairs_per_s"], 2)
+        row.pop("_predicted")
+        ceiling = ceilings["int8_gops"] if "int8" in row["way"] else (
+            ceilings["bf16_gflops"] if "bf16" in row["way"] else ceilings["fp32_gflops"])
+        row["share_of_ceiling"] = round(row["batch32_pairs_per_s"] * flops / 1e9 / ceiling, 3)
+    return rows
+
+
+def report(rows: list[dict], ceilings: dict, info: dict, command: str) -> str:
+    header = ["model", "way", "p50 ms (batch 1)", "p95 ms", "× pipeline (batch 1)", "pairs/s (batch 32)",
+              "× pipeline (batch 32)", "share of matmul ceiling", "validation accuracy / F1 (agreement)"]
+    table = markdown_table(header, [[r["model"], r["way"], r["p50_ms"], r["p95_ms"], r["x_batch1"],
+                                     r["batch32_pairs_per_s"], r["x_batch32"], r["share_of_ceiling"],
+                                     f"{r['accuracy']} / {r['f1']}" if "accuracy" in r else f"({r['agreement']})"]
+                                    for r in rows])
+    bf16 = ceilings["bf16_gflops"]
+    return (f"# Serving benchmark\n\n`{command}` on {date.today()}: {info['cpu']}, {info['cores']} threads, torch "
+            f"{info['torch']}, onnxruntime {ceilings['onnxruntime']}; MRPC validation (408 pairs).\n\n{table}\n"
+            f"Matmul ceilings (2048², best of 10): fp32 {ceilings['fp32_gflops']:.0f} GFLOP/s (torch), int8 "
+            f"{ceilings['int8_gops']:.0f} GOP/s (ONNX Runtime MatMulInteger), bf16 "
+            f"{f'{bf16:.0f} GFLOP/s' if bf16 else 'not probed (' + str(bf16_unsupported()) + ')'}.\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", metavar="CHECKPOINT", help="also a base-size checkpoint, e.g. "
+                        "sentence-transformers/all-mpnet-base-v2 (exported here with a fresh head)")
+    parser.add_argument("--latency-pairs", type=int, default=100, help="pairs timed one by one (batch 1)")
+    parser.add_argument("--out-dir", type=Path, default=HERE)
+    parser.add_argument("--export-to", type=Path, help=argparse.SUPPRESS)  # internal: export --base there, exit
+    args = parser.parse_args()
+    if args.export_to:
+        export_base(args.base, args.export_to)
+        return
+    if problem := check_workspace():
+        raise SystemExit(f"ERROR: python -m benchmarks.serve: {problem}")
+    import onnxruntime
+
+    paths = Paths()
+    raw = load_from_disk(str(paths.raw))["validation"]
+    pairs, labels = list(zip(raw["sentence1"], raw["sentence2"])), np.array(raw["label"])
+    ceilings = {"fp32_gflops": matmul_gflops(torch.float32), "int8_gops": int8_gops(),
+                "bf16_gflops": matmul_gflops(torch.bfloat16) if bf16_unsupported() is None else None,
+                "onnxruntime": onnxruntime.__version__}
+    rows = bench_model("default (fine-tuned)", paths.finetuned, paths.exported, pairs, labels, args.latency_pairs,
+                       tuned=True, ceilings=ceilings)
+    if args.base:
+        with tempfile.TemporaryDirectory() as tmp:
+            # In its own process: after torch.export ran in this one, eager PyTorch ran 3x slower at batch 1.
+            folder = Path(tmp)
+            subprocess.run([sys.executable, "-m", "benchmarks.serve", "--base", args.base, "--export-to", tmp],
+                           check=True)
+            rows += bench_model(args.base.split("/")[-1], folder, folder / "exported", pairs, labels,
+                                args.latency_pairs, tuned=False, ceilings=ceilings)
+    info = machine()
+    command = "python -m benchmarks.serve" + (f" --base {args.base}" if args.base else "")
+    (args.out_dir / "serve.json").write_text(json.dumps({"machine": info, "ceilings": ceilings, "rows": rows},
+                                                        indent=2) + "\n")
+    (args.out_dir / "SERVE.md").write_text(report(rows, ceilings, info, command))
+    print(report(rows, ceilings, info, command))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Stage 8, export: the fine-tuned model (models/finetuned) in the forms that serve it, each checked against it.
+
+Writes models/exported/<form>/ for each of ``export.forms`` (finetune/export.py: ONNX fp32, ONNX int8, bf16
+PyTorch where the hardware has bf16), each with the tokenizer, config.json, task.json and the model card, and
+metrics/export.json:
+
+    {"pytorch": {"validation": {<the task's metrics>}, ..., "size_mb"},
+     "onnx-int8": {"validation": {<the task's metrics>, "agreement", "max_abs_logit_diff"}, ..., "size_mb",
+                   "kept_fp32_matmuls", "warning": [...]}, "torch-bf16": {"skipped": "why"}}
+
+``agreement`` is the share of rows whose prediction equals the PyTorch model's (classification), and
+``max_abs_logit_diff`` the largest |logit - PyTorch's logit|. An fp32 form beyond ``export.fp32_tolerance`` fails
+the stage (nothing is written); a lossy form whose main metric drops more than ``export.max_metric_drop`` on a split
+gets a WARNING in the log and a ``warning`` in export.json, which the model card of each form repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+from datasets import load_from_disk
+from transformers import AutoTokenizer
+
+from finetune.batches import evaluation_loaders
+from finetune.errors import ExportError
+from finetune.evaluation import evaluate_split, load_metric, predictions_of
+from finetune.export import (ONNX_FILE, bf16_unsupported, copy_side_files, export_onnx, file_size_mb,
+                             quantize_int8, save_bf16)
+from finetune.forms import PYTORCH, load_form
+from finetune.modeling import load_finetuned, trained_on_both_orders
+from finetune.params import Params, load_params
+from finetune.paths import Paths
+from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
+from finetune.splits import is_labeled, present_splits
+from finetune.tasks import Task
+
+log = logging.getLogger(__name__)
+LOSSY = ("onnx-int8", "torch-bf16")
+
+
+def export_model(params: Params, paths: Paths) -> dict:
+    """Make each form of ``export.forms`` in a temp folder that replaces ``paths.exported`` when all passed, and
+    score each on the labeled splits of ``evaluate.splits`` against the PyTorch model.
+
+    Returns:
+        metrics/export.json's content (module docstring).
+
+    Raises:
+        ExportError: a form can't be made, or an fp32 form's logits differ from PyTorch's beyond
+            ``export.fp32_tolerance``; the message names the form, the split and the difference.
+    """
+    p = params.export
+    if not p.forms:
+        log.info("export.forms is empty: no served forms")
+        with atomic_dir(paths.exported):
+            return {}
+    set_cpu_threads(None)
+    accelerator = make_accelerator()  # not prepared: the forms run on the CPU
+    task, tokenized = Task.load(paths.finetuned), load_from_disk(str(paths.tokenized))
+    tokenizer = AutoTokenizer.from_pretrained(paths.finetuned)
+    model = load_finetuned(paths.finetuned).eval()
+    both_orders = trained_on_both_orders(model)
+    main_metric, mode = task.metric_for_best(None)
+    splits = [s for s in present_splits(params.evaluate.splits, tokenized) if is_labeled(tokenized[s])]
+    loaders = {s: evaluation_loaders(tokenized[s], tokenizer, params.evaluate, both_orders)[0] for s in splits}
+
+    def score_form(classifier) -> tuple[dict, dict]:
+        metrics, logits = {}, {}
+        for split in splits:
+            metrics[split], logits[split] = evaluate_split(classifier, loaders[split], accelerator, task,
+                                                           load_metric(task), desc=split)
+        return metrics, logits
+
+    reference, reference_logits = score_form(model)
+    results = {PYTORCH: {**{s: rounded(m) for s, m in reference.items()}, "size_mb": file_size_mb(paths.finetuned)}}
+    with atomic_dir(paths.exported) as tmp:
+        fp32_onnx = tmp / "onnx-fp32" / ONNX_FILE  # int8 is quantized from it; kept only when asked for
+        if any(form.startswith("onnx") for form in p.forms):
+            log.info("onnx-fp32: exporting with torch.onnx.export (dynamo)")
+            copy_side_files(paths.finetuned, fp32_onnx.parent)
+            export_onnx(model, tokenizer, fp32_onnx, p.opset)
+        for form in p.forms:
+            folder, extra = tmp / form, {}
+            if form == "torch-bf16" and (why := bf16_unsupported()):
+                log.info("%s: skipped: %s", form, why)
+                results[form] = {"skipped": why}
+                continue
+            copy_side_files(paths.finetuned, folder)
+            if form == "onnx-int8":
+                log.info("%s: quantizing with onnxruntime.quantization.quantize_dynamic", form)
+                kept = quantize_int8(fp32_onnx, folder / ONNX_FILE, p.int8.per_channel, p.int8.keep_fp32)
+                log.info("%s: %d matmuls kept fp32 (export.int8.keep_fp32): %s", form, len(kept), kept)
+                extra["kept_fp32_matmuls"] = len(kept)
+            elif form == "torch-bf16":
+                save_bf16(model, folder)
+            metrics, logits = score_form(load_form(form, paths.finetuned, tmp))
+            results[form] = {s: {**rounded(metrics[s]), **parity(logits[s], reference_logits[s], task)}
+                             for s in splits}
+            results[form].update(size_mb=file_size_mb(folder), **extra)
+            check_parity(form, results[form], splits, reference, p, main_metric, mode)
+            add_form_to_card(folder / "README.md", form, results[form])
+        if "onnx-fp32" not in p.forms:
+            shutil.rmtree(fp32_onnx.parent, ignore_errors=True)
+    return results
+
+
+def rounded(metrics: dict) -> dict:
+    return {k: round(v, 4) for k, v in metrics.items()}
+
+
+def parity(logits: torch.Tensor, reference: torch.Tensor, task: Task) -> dict:
+    """How far a form's ``logits [examples, num_labels]`` are from the PyTorch model's: ``agreement`` (share of equal
+    predictions; classification only) and ``max_abs_logit_diff``."""
+    out = {"max_abs_logit_diff": float(f"{(logits - reference).abs().max().item():.3g}")}
+    if not task.is_regression:
+        same = predictions_of(logits, task) == predictions_of(reference, task)
+        out["agreement"] = round(same.float().mean().item(), 4)
+    return out
+
+
+def check_parity(form: str, result: dict, splits: list[str], reference: dict, p, main_metric: str, mode: str):
+    """Fail on an fp32 form beyond the tolerance; flag a lossy form whose main metric dropped too much.
+
+    Raises:
+        ExportError: ``form`` is fp32 and a split's ``max_abs_logit_diff`` exceeds ``export.fp32_tolerance``.
+    """
+    for split in splits:
+        diff = result[split]["max_abs_logit_diff"]
+        if form not in LOSSY and diff > p.fp32_tolerance:
+            raise ExportError(f"{form}: {split} logits differ from the PyTorch model's by up to {diff} (more than "
+                              f"export.fp32_tolerance {p.fp32_tolerance}): the export is wrong; nothing was written")
+        drop = reference[split][main_metric] - result[split][main_metric]
+        drop = drop if mode == "max" else -drop
+        if form in LOSSY and drop > p.max_metric_drop:
+            warning = (f"{form} loses {drop:.4f} {main_metric} on {split} against the PyTorch model (more than "
+                       f"export.max_metric_drop {p.max_metric_drop})")
+            log.warning(warning)
+            result.setdefault("warning", []).append(warning)
+
+
+def add_form_to_card(card: Path, form: str, result: dict) -> None:
+    """Append the form's section to its copy of the model card: how to load it and its parity with PyTorch (the
+    warning of a lossy form included)."""
+    if not card.exists():
+        return
+    load = ("onnxruntime.InferenceSession(\"model.onnx\")" if form.startswith("onnx")
+            else "AutoModelForSequenceClassification.from_pretrained(folder)  # bf16 weights")
+    lines = [f"\n## This form: {form}\n", f"Made by the export stage (docs/serving.md); load with `{load}` and the "
+             "tokenizer of this folder. Against the PyTorch fp32 model, from metrics/export.json:\n",
+             "```json", json.dumps(result, indent=2), "```"]
+    lines += [f"\n**Warning:** {w}." for w in result.get("warning", [])]
+    card.write_text(card.read_text() + "\n".join(lines) + "\n")
+
+
+def main() -> None:
+    paths = Paths()
+    results = export_model(load_params(), paths)
+    write_json(paths.metrics / "export.json", results)
+    for form, result in results.items():
+        log.info("%s: %s", form, result)
+
+
+if __name__ == "__main__":
+    run_stage(main)
