@@ -150,7 +150,7 @@ def test_exp_run_shows_in_exp_show(project):
     run(dvc("checkout"), root)
 
 
-def test_exp_run_switches_task_without_a_code_change(project, tmp_path):
+def test_exp_run_switches_task_without_a_code_change(project):
     root = project
     # A GLUE task by name: STS-B, regression, no test split.
     out = run(dvc("exp", "run", "-S", "data.config=stsb", "--name", "stsb"), root)
@@ -163,37 +163,17 @@ def test_exp_run_switches_task_without_a_code_change(project, tmp_path):
     assert not (root / "dvclive/evaluate/plots/sklearn").exists()
     assert "pearson" in exp_show(root)["stsb"]["metrics"]["metrics/eval.json"]["data"]["validation"]
     run(["git", "checkout", "--", "."], root)
-
-    # The user's own CSV: one text column, three string labels, no validation and no test file.
-    write_own_file(own_frame("single-3", 48, 0), root / "data/own/reviews.csv")
-    run(["git", "add", "data/own/reviews.csv"], root)
-    run(["git", "commit", "-qm", "own data"], root)
-    run(dvc("exp", "run", "--name", "own", "-S", "data.dataset=null", "-S", "data.config=null", "-S",
-            "data.files={train: data/own/reviews.csv}", "-S", "data.text_columns=[text]", "-S",
-            "data.label_column=mood"), root)
-    evaluation = json.loads((root / "metrics/eval.json").read_text())
-    assert list(evaluation) == ["validation"] and set(evaluation["validation"]) == {
-        "loss", "accuracy", "macro_f1", "examples", "baseline", "most_predicted", "collapsed"}
-    assert set(evaluation["validation"]["baseline"]) == {"class", "share", "accuracy", "macro_f1"}
-    provenance = json.loads((root / "metrics/provenance.json").read_text())["dataset"]
-    assert provenance["validation_carved"]["rows"] == 5 and provenance["task"]["label_names"] == [
-        "negative", "neutral", "positive"]
-    predictions = (root / "data/predictions/validation.csv").read_text().splitlines()
-    assert predictions[0] == "idx,text,label,prediction,probability_negative,probability_neutral,probability_positive"
-
-    shown = exp_show(root)["own"]["metrics"]["metrics/eval.json"]["data"]["validation"]
-    assert "macro_f1" in shown and shown["baseline"] == evaluation["validation"]["baseline"]
-    run(["git", "checkout", "--", "."], root)
     run(dvc("checkout"), root)
 
 
 def test_exp_run_switches_own_files_with_set_param_only(project):
-    # Own files with a test split, then others without one, by -S alone: -S merges a mapping into params.yaml's (its
-    # test entry would stay), and data.files.test=null drops it.
+    # Own pair files with a test split, then the user's own CSV of another kind (one text column, three string labels,
+    # no validation and no test file) by -S alone: -S merges a mapping into params.yaml's (its validation and test
+    # entries would stay), and data.files.<split>=null drops one.
     root = project
-    for name, (n, seed) in {"a/train": (32, 0), "a/dev": (12, 1), "a/test": (10, 2), "b/train": (32, 3),
-                            "b/dev": (12, 4)}.items():
+    for name, (n, seed) in {"a/train": (32, 0), "a/dev": (12, 1), "a/test": (10, 2)}.items():
         write_own_file(own_frame("pair-2", n, seed), root / f"data/own/{name}.csv")
+    write_own_file(own_frame("single-3", 48, 0), root / "data/own/b/reviews.csv")
     run(["git", "add", "data/own"], root)
     run(["git", "commit", "-qm", "own files a and b"], root)
     files_a = "data.files={train: data/own/a/train.csv, validation: data/own/a/dev.csv, test: data/own/a/test.csv}"
@@ -201,15 +181,23 @@ def test_exp_run_switches_own_files_with_set_param_only(project):
             "data.text_columns=[question, answer]", "-S", "data.label_column=verdict", "-S", files_a), root)
     assert list(json.loads((root / "metrics/eval.json").read_text())) == ["validation", "test"]
 
-    out = run(dvc("exp", "run", "--name", "own-b", "-S",
-                  "data.files={train: data/own/b/train.csv, validation: data/own/b/dev.csv}", "-S",
-                  "data.files.test=null"), root)
+    out = run(dvc("exp", "run", "--name", "own-b", "-S", "data.files={train: data/own/b/reviews.csv}", "-S",
+                  "data.files.validation=null", "-S", "data.files.test=null", "-S", "data.text_columns=[text]", "-S",
+                  "data.label_column=mood"), root)
     assert "No test split in the data" in out
     assert yaml.safe_load((root / "params.yaml").read_text())["data"]["files"] == {
-        "train": "data/own/b/train.csv", "validation": "data/own/b/dev.csv", "test": None}
-    assert list(json.loads((root / "metrics/eval.json").read_text())) == ["validation"]
+        "train": "data/own/b/reviews.csv", "validation": None, "test": None}
+    evaluation = json.loads((root / "metrics/eval.json").read_text())
+    assert list(evaluation) == ["validation"] and set(evaluation["validation"]) == {
+        "loss", "accuracy", "macro_f1", "examples", "baseline", "most_predicted", "collapsed"}
+    assert set(evaluation["validation"]["baseline"]) == {"class", "share", "accuracy", "macro_f1"}
     provenance = json.loads((root / "metrics/provenance.json").read_text())["dataset"]
-    assert set(provenance["splits"]) == {"train", "validation"} and provenance["validation_carved"] is None
+    assert set(provenance["splits"]) == {"train", "validation"} and provenance["validation_carved"]["rows"] == 5
+    assert provenance["task"]["label_names"] == ["negative", "neutral", "positive"]
+    predictions = (root / "data/predictions/validation.csv").read_text().splitlines()
+    assert predictions[0] == "idx,text,label,prediction,probability_negative,probability_neutral,probability_positive"
+    shown = exp_show(root)["own-b"]["metrics"]["metrics/eval.json"]["data"]["validation"]
+    assert "macro_f1" in shown and shown["baseline"] == evaluation["validation"]["baseline"]
     run(["git", "checkout", "--", "."], root)
     run(dvc("checkout"), root)
 
