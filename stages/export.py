@@ -20,23 +20,17 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from datasets import load_from_disk
-from transformers import AutoTokenizer
-
-from finetune.batches import evaluation_loaders
 from finetune.errors import ExportError
-from finetune.evaluation import evaluate_split, load_metric, predictions_of
-from finetune.export import (ONNX_FILE, bf16_unsupported, copy_side_files, export_onnx, file_size_mb,
-                             quantize_int8, save_bf16)
-from finetune.forms import PYTORCH, load_form
-from finetune.modeling import load_finetuned, trained_on_both_orders
 from finetune.params import Params, load_params
 from finetune.paths import Paths
-from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
-from finetune.splits import is_labeled, present_splits
-from finetune.tasks import Task
+from finetune.runtime import atomic_dir, run_stage, write_json
+
+if TYPE_CHECKING:
+    import torch
+
+    from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 LOSSY = ("onnx-int8", "torch-bf16")
@@ -53,11 +47,21 @@ def export_model(params: Params, paths: Paths) -> dict:
         ExportError: a form can't be made, or an fp32 form's logits differ from PyTorch's beyond
             ``export.fp32_tolerance``; the message names the form, the split and the difference.
     """
+    # Imported here, as finetune/teacher.py does: with no forms asked for, the stage ends before torch loads.
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from finetune.batches import evaluation_loaders
+    from finetune.evaluation import evaluate_split, load_metric
+    from finetune.export import (ONNX_FILE, bf16_unsupported, copy_side_files, export_onnx, file_size_mb,
+                                 quantize_int8, save_bf16)
+    from finetune.forms import PYTORCH, load_form
+    from finetune.modeling import load_finetuned, trained_on_both_orders
+    from finetune.runtime import make_accelerator, set_cpu_threads
+    from finetune.splits import is_labeled, present_splits
+    from finetune.tasks import Task
+
     p = params.export
-    if not p.forms:
-        log.info("export.forms is empty: no served forms")
-        with atomic_dir(paths.exported):
-            return {}
     set_cpu_threads(None)
     accelerator = make_accelerator()  # not prepared: the forms run on the CPU
     task, tokenized = Task.load(paths.finetuned), load_from_disk(str(paths.tokenized))
@@ -115,6 +119,8 @@ def rounded(metrics: dict) -> dict:
 def parity(logits: torch.Tensor, reference: torch.Tensor, task: Task) -> dict:
     """How far a form's ``logits [examples, num_labels]`` are from the PyTorch model's: ``agreement`` (share of equal
     predictions; classification only) and ``max_abs_logit_diff``."""
+    from finetune.evaluation import predictions_of
+
     out = {"max_abs_logit_diff": float(f"{(logits - reference).abs().max().item():.3g}")}
     if not task.is_regression:
         same = predictions_of(logits, task) == predictions_of(reference, task)
@@ -157,8 +163,13 @@ def add_form_to_card(card: Path, form: str, result: dict) -> None:
 
 
 def main() -> None:
-    paths = Paths()
-    results = export_model(load_params(), paths)
+    params, paths = load_params(), Paths()
+    if not params.export.forms:
+        with atomic_dir(paths.exported):  # an empty folder: DVC's output, and no stale forms
+            log.info("export.forms is empty: no served forms")
+        write_json(paths.metrics / "export.json", {})
+        return
+    results = export_model(params, paths)
     write_json(paths.metrics / "export.json", results)
     for form, result in results.items():
         log.info("%s: %s", form, result)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from finetune import export
 from finetune.errors import ExportError, ParamsError
 from finetune.export import export_onnx, module_of, quantize_int8
 from finetune.forms import OnnxClassifier, load_form
@@ -83,7 +84,7 @@ def finetuned(tiny_raw, tiny_checkpoint, tmp_path):
 
 def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
     params, paths = finetuned
-    monkeypatch.setattr(export_stage, "bf16_unsupported", lambda: None)  # make the bf16 form on any CPU
+    monkeypatch.setattr(export, "bf16_unsupported", lambda: None)  # make the bf16 form on any CPU
     results = export_stage.export_model(params, paths)
 
     assert list(results) == ["pytorch", "onnx-fp32", "onnx-int8", "torch-bf16"]
@@ -105,7 +106,7 @@ def test_int8_only_keeps_no_fp32_folder_and_bf16_is_skipped_without_hardware(fin
     params, paths = finetuned
     params = params.model_copy(update={"export": params.export.model_copy(update={"forms": ["onnx-int8",
                                                                                          "torch-bf16"]})})
-    monkeypatch.setattr(export_stage, "bf16_unsupported", lambda: "no bf16 here")
+    monkeypatch.setattr(export, "bf16_unsupported", lambda: "no bf16 here")
     results = export_stage.export_model(params, paths)
     assert results["torch-bf16"] == {"skipped": "no bf16 here"}
     assert sorted(p.name for p in paths.exported.iterdir()) == ["onnx-int8"]
@@ -114,7 +115,7 @@ def test_int8_only_keeps_no_fp32_folder_and_bf16_is_skipped_without_hardware(fin
 def test_corrupted_fp32_export_fails_naming_the_form_and_keeps_the_old_folder(finetuned, monkeypatch):
     params, paths = finetuned
     (paths.exported / "old").mkdir(parents=True)
-    real_export = export_stage.export_onnx
+    real_export = export.export_onnx
 
     def corrupted(model, tokenizer, path, opset):
         real_export(model, tokenizer, path, opset)
@@ -125,7 +126,7 @@ def test_corrupted_fp32_export_fails_naming_the_form_and_keeps_the_old_folder(fi
         onnx.save(graph, str(path))
         return path
 
-    monkeypatch.setattr(export_stage, "export_onnx", corrupted)
+    monkeypatch.setattr(export, "export_onnx", corrupted)
     with pytest.raises(ExportError, match=r"^onnx-fp32: validation logits differ .* export.fp32_tolerance"):
         export_stage.export_model(params, paths)
     assert [p.name for p in paths.exported.iterdir()] == ["old"]
@@ -134,8 +135,8 @@ def test_corrupted_fp32_export_fails_naming_the_form_and_keeps_the_old_folder(fi
 
 def test_lossy_form_beyond_the_tolerance_is_flagged(finetuned, caplog):
     params, paths = finetuned
-    export = params.export.model_copy(update={"forms": ["onnx-int8"], "max_metric_drop": 0.0})
-    results = export_stage.export_model(params.model_copy(update={"export": export}), paths)
+    settings = params.export.model_copy(update={"forms": ["onnx-int8"], "max_metric_drop": 0.0})
+    results = export_stage.export_model(params.model_copy(update={"export": settings}), paths)
     pytorch, int8 = results["pytorch"]["validation"]["f1"], results["onnx-int8"]["validation"]["f1"]
     if int8 < pytorch:  # the tiny model's int8 F1 may not drop at all; when it does, it is flagged everywhere
         assert any("onnx-int8 loses" in w for w in results["onnx-int8"]["warning"])

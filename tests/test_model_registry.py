@@ -21,9 +21,9 @@ README_HEADING = "### The model in DVC's model registry"
 
 
 def the_model_artifact() -> tuple[str, dict]:
-    """The one artifact of dvc.yaml: its name and entry."""
-    [(name, entry)] = DVC_YAML["artifacts"].items()
-    return name, entry
+    """The fine-tuned model's artifact of dvc.yaml: its name and entry (the other is its served forms)."""
+    assert set(DVC_YAML["artifacts"]) == {"text-classifier", "text-classifier-served"}
+    return "text-classifier", DVC_YAML["artifacts"]["text-classifier"]
 
 
 def readme_commands() -> list[list[str]]:
@@ -38,16 +38,17 @@ def gto(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "gto"), *args]
 
 
-def test_the_model_artifact_names_the_fine_tuned_models_output(tmp_path):
+def test_the_model_artifacts_name_the_fine_tuned_and_exported_models_outputs(tmp_path):
     from gto.constants import assert_name_is_valid
 
-    name, entry = the_model_artifact()
-    assert_name_is_valid(name)  # GTO's rule, which dvc artifacts get and the tags follow
-    assert entry["type"] == "model" and entry["desc"] and entry["labels"]
-    # The path is an output of a stage (the fine-tuned model with its card), so `dvc push` sends it to a remote.
     outs = {(o if isinstance(o, str) else next(iter(o))): stage for stage, s in DVC_YAML["stages"].items()
             for o in s.get("outs", [])}
-    assert entry["path"] in outs, f"{entry['path']} is no stage's output"
+    for name, entry in DVC_YAML["artifacts"].items():
+        assert_name_is_valid(name)  # GTO's rule, which dvc artifacts get and the tags follow
+        assert entry["type"] == "model" and entry["desc"] and entry["labels"]
+        # The path is an output of a stage (the model with its card, its served forms): `dvc push` sends it.
+        assert entry["path"] in outs, f"{entry['path']} is no stage's output"
+    assert outs[the_model_artifact()[1]["path"]] == "card" and outs["models/exported"] == "export"
 
     # DVC itself reads the entry (its schema, the params interpolation of the stages) from the project's files.
     for f in ("dvc.yaml", "params.yaml"):
@@ -57,7 +58,7 @@ def test_the_model_artifact_names_the_fine_tuned_models_output(tmp_path):
     from dvc.repo import Repo
 
     with Repo(str(tmp_path)) as repo:
-        assert repo.artifacts.read() == {"dvc.yaml": {name: Artifact(**entry)}}
+        assert repo.artifacts.read() == {"dvc.yaml": {n: Artifact(**e) for n, e in DVC_YAML["artifacts"].items()}}
 
 
 def model_files(version: str) -> dict[str, bytes]:
