@@ -94,7 +94,22 @@ def export_onnx(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
         raise ExportError(f"export.forms onnx-fp32: torch.onnx.export can't export model type "
                           f"{model.config.model_type!r}: {type(err).__name__}: {str(err).splitlines()[0][:300]}; "
                           "remove the ONNX forms from export.forms for this model") from None
+    drop_stack_traces(path)
     return path
+
+
+def drop_stack_traces(path: Path) -> None:
+    """Remove the exporter's per-node Python stack traces (``pkg.torch.onnx.stack_trace``) from the ONNX file: they
+    hold this checkout's absolute paths, so the same model exported in two clones differed in bytes and size. The
+    module names (``pkg.torch.onnx.name_scopes``, read by ``module_of``) stay."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    for node in graph.graph.node:
+        kept = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
+    onnx.save(graph, str(path))
 
 
 def module_of(node) -> str:

@@ -20,7 +20,7 @@ from finetune.forms import OnnxClassifier, load_form
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task
 from stages import export as export_stage
-from tests.helpers import FAMILIES, make_family_checkpoint, make_project, tiny_params
+from tests.helpers import FAMILIES, REPO, make_family_checkpoint, make_project, tiny_params
 
 MRPC = glue_task("mrpc")
 PAIRS = (["The company reported higher profits.", "Police said the man was arrested on Tuesday after a long chase."],
@@ -64,12 +64,14 @@ def test_each_family_exports_with_pytorch_logits_and_quantizes(family, tmp_path)
     assert (logits - expected).abs().max() < 0.05  # int8 weights of a tiny random model: close, not equal
 
 
-def test_module_names_of_onnx_nodes(tiny_checkpoint, tmp_path):
+def test_module_names_of_onnx_nodes_and_no_local_paths(tiny_checkpoint, tmp_path):
     model = save_model(tiny_checkpoint, tmp_path / "model")
     export_onnx(model, AutoTokenizer.from_pretrained(tiny_checkpoint), tmp_path / "model.onnx", opset=18)
     modules = {module_of(n) for n in onnx.load(str(tmp_path / "model.onnx")).graph.node if n.op_type == "MatMul"}
     assert "bert.encoder.layer.0.attention.self.query" in modules
     assert "bert.encoder.layer.1.output.dense" in modules
+    # No stack traces with this checkout's paths: the same model exported in another clone is the same file.
+    assert str(REPO).encode() not in (tmp_path / "model.onnx").read_bytes()
 
 
 @pytest.fixture
