@@ -37,7 +37,7 @@ from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoTokenizer, pipeline
 
 from benchmarks.benchmark import check_workspace, machine, matmul_gflops
-from finetune.export import bf16_unsupported, copy_side_files, export_onnx, quantize_int8
+from finetune.export import bf16_unsupported, make_forms
 from finetune.forms import PYTORCH, load_form
 from finetune.modeling import load_classifier
 from finetune.params import load_params
@@ -142,10 +142,8 @@ def export_base(checkpoint: str, folder: Path) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     task.save(folder)
-    for form in ("onnx-fp32", "onnx-int8"):
-        copy_side_files(folder, folder / "exported" / form)
-    fp32 = export_onnx(model, tokenizer, folder / "exported" / "onnx-fp32" / "model.onnx", p.opset)
-    quantize_int8(fp32, folder / "exported" / "onnx-int8" / "model.onnx", p.int8.per_channel, p.int8.keep_fp32)
+    make_forms(model, tokenizer, folder, folder / "exported", ["onnx-fp32", "onnx-int8"], p.opset,
+               p.int8.per_channel, p.int8.keep_fp32)
     return folder
 
 

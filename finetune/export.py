@@ -179,3 +179,39 @@ def file_size_mb(folder: Path) -> float:
     """The weights' size in MB (10^6 bytes): ``model.onnx`` or the safetensors files of ``folder``."""
     files = [folder / ONNX_FILE] if (folder / ONNX_FILE).exists() else list(folder.glob("*.safetensors"))
     return round(sum(f.stat().st_size for f in files) / 1e6, 2)
+
+
+def make_forms(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_dir: Path, out_dir: Path,
+               forms: list[str], opset: int, per_channel: bool, keep_fp32: list[str]) -> dict[str, dict]:
+    """Make each of ``forms`` (``export`` params) of ``model`` (saved in ``model_dir``) in ``out_dir / <form>``, with
+    ``model_dir``'s side files. int8 is quantized from the fp32 ONNX file, kept only when ``onnx-fp32`` is asked for.
+
+    Returns:
+        Per form ``{"skipped": why}`` (bf16 without the hardware), ``{"kept_fp32_matmuls": n}`` (int8) or ``{}``.
+
+    Raises:
+        ExportError: the exporter can't handle the model (``export_onnx``).
+    """
+    made = {}
+    fp32_onnx = out_dir / "onnx-fp32" / ONNX_FILE
+    if any(form.startswith("onnx") for form in forms):
+        log.info("onnx-fp32: exporting with torch.onnx.export (dynamo)")
+        copy_side_files(model_dir, fp32_onnx.parent)
+        export_onnx(model, tokenizer, fp32_onnx, opset)
+    for form in forms:
+        if form == "torch-bf16" and (why := bf16_unsupported()):
+            log.info("%s: skipped: %s", form, why)
+            made[form] = {"skipped": why}
+            continue
+        copy_side_files(model_dir, out_dir / form)
+        made[form] = {}
+        if form == "onnx-int8":
+            log.info("%s: quantizing with onnxruntime.quantization.quantize_dynamic", form)
+            kept = quantize_int8(fp32_onnx, out_dir / form / ONNX_FILE, per_channel, keep_fp32)
+            log.info("%s: %d matmuls kept fp32 (export.int8.keep_fp32): %s", form, len(kept), kept)
+            made[form]["kept_fp32_matmuls"] = len(kept)
+        elif form == "torch-bf16":
+            save_bf16(model, out_dir / form)
+    if "onnx-fp32" not in forms:
+        shutil.rmtree(fp32_onnx.parent, ignore_errors=True)
+    return made

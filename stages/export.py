@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,8 +52,7 @@ def export_model(params: Params, paths: Paths) -> dict:
 
     from finetune.batches import evaluation_loaders
     from finetune.evaluation import evaluate_split, load_metric
-    from finetune.export import (ONNX_FILE, bf16_unsupported, copy_side_files, export_onnx, file_size_mb,
-                                 quantize_int8, save_bf16)
+    from finetune.export import file_size_mb, make_forms
     from finetune.forms import PYTORCH, load_form
     from finetune.modeling import load_finetuned, trained_on_both_orders
     from finetune.runtime import make_accelerator, set_cpu_threads
@@ -82,33 +80,18 @@ def export_model(params: Params, paths: Paths) -> dict:
     reference, reference_logits = score_form(model)
     results = {PYTORCH: {**{s: rounded(m) for s, m in reference.items()}, "size_mb": file_size_mb(paths.finetuned)}}
     with atomic_dir(paths.exported) as tmp:
-        fp32_onnx = tmp / "onnx-fp32" / ONNX_FILE  # int8 is quantized from it; kept only when asked for
-        if any(form.startswith("onnx") for form in p.forms):
-            log.info("onnx-fp32: exporting with torch.onnx.export (dynamo)")
-            copy_side_files(paths.finetuned, fp32_onnx.parent)
-            export_onnx(model, tokenizer, fp32_onnx, p.opset)
-        for form in p.forms:
-            folder, extra = tmp / form, {}
-            if form == "torch-bf16" and (why := bf16_unsupported()):
-                log.info("%s: skipped: %s", form, why)
-                results[form] = {"skipped": why}
+        made = make_forms(model, tokenizer, paths.finetuned, tmp, p.forms, p.opset, p.int8.per_channel,
+                          p.int8.keep_fp32)
+        for form, extra in made.items():
+            if "skipped" in extra:
+                results[form] = extra
                 continue
-            copy_side_files(paths.finetuned, folder)
-            if form == "onnx-int8":
-                log.info("%s: quantizing with onnxruntime.quantization.quantize_dynamic", form)
-                kept = quantize_int8(fp32_onnx, folder / ONNX_FILE, p.int8.per_channel, p.int8.keep_fp32)
-                log.info("%s: %d matmuls kept fp32 (export.int8.keep_fp32): %s", form, len(kept), kept)
-                extra["kept_fp32_matmuls"] = len(kept)
-            elif form == "torch-bf16":
-                save_bf16(model, folder)
             metrics, logits = score_form(load_form(form, paths.finetuned, tmp))
             results[form] = {s: {**rounded(metrics[s]), **parity(logits[s], reference_logits[s], task)}
                              for s in splits}
-            results[form].update(size_mb=file_size_mb(folder), **extra)
+            results[form].update(size_mb=file_size_mb(tmp / form), **extra)
             check_parity(form, results[form], splits, reference, p, main_metric, mode)
-            add_form_to_card(folder / "README.md", form, results[form])
-        if "onnx-fp32" not in p.forms:
-            shutil.rmtree(fp32_onnx.parent, ignore_errors=True)
+            add_form_to_card(tmp / form / "README.md", form, results[form])
     return results
 
 
