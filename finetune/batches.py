@@ -54,6 +54,15 @@ class PairCollator:
             batch[TEACHER_LOGITS] = torch.tensor(teacher, dtype=torch.float32)
         return batch
 
+    def skip(self, batches: int, batch_size: int) -> None:
+        """Draw the orders of ``batches`` batches of ``batch_size`` rows without collating them: a run resumed
+        mid-epoch skips the batches taken before its checkpoint, and the rest of the epoch then gets the orders an
+        uninterrupted run gives it. (The generator's state can't simply be checkpointed: accelerate's DataLoader
+        collates one batch ahead, so at a checkpoint the next batch's orders are already drawn.)"""
+        if 0 < self.swap < 1:
+            for _ in range(batches):
+                torch.rand(batch_size, generator=self.generator)
+
 
 def make_collator(tokenizer: PreTrainedTokenizerBase, swap: float = 0.0, seed: int = 0) -> PairCollator:
     """The collator of every DataLoader: dynamic padding, pairs in their first order (``swap`` 0), swapped (1)

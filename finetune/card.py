@@ -28,7 +28,7 @@ from ruamel.yaml import YAMLError
 from finetune.collapse import describe_constant
 from finetune.errors import PipelineError
 from finetune.params import DataParams, Params, yaml_reader
-from finetune.paths import Paths
+from finetune.paths import EVALUATION_LOGS, Paths
 from finetune.runtime import atomic_dir
 from finetune.sources import check_checkpoint
 from finetune.tables import markdown_table
@@ -167,23 +167,28 @@ def params_table(params: Params) -> str:
     return markdown_table(["param", "value"], rows)
 
 
-def epoch_table(epochs_dir: Path, kept_epoch: int | None) -> str | None:
-    """The train stage's per-epoch log (DVCLive's ``<epochs_dir>/plots/metrics/<train|validation>/<name>.tsv``,
-    columns ``step`` (the epoch) and ``<name>``) as a Markdown table: a row per epoch, train loss, validation loss,
-    then the validation metrics, values to 4 decimals; ``kept_epoch`` (train.json's ``best_epoch``) is marked.
-    None when there is no log."""
+def training_table(train_logs: Path, train: dict) -> str | None:
+    """The train stage's evaluation log (DVCLive's ``<train_logs>/epochs`` or, with ``train.eval_every_steps``,
+    ``<train_logs>/evaluations``: ``plots/metrics/<name>.tsv``, columns ``step`` (the epoch, or the optimizer step)
+    and ``<name>``) as a Markdown table: a row per evaluation, (the epoch,) train loss, validation loss, then the
+    validation metrics, values to 4 decimals; the kept evaluation (train.json's ``best_epoch`` or ``best_step``) is
+    marked. None when there is no log."""
+    by_step = (train_logs / EVALUATION_LOGS["step"]).is_dir()
+    folder = train_logs / EVALUATION_LOGS["step" if by_step else "epoch"]
+    kept = train.get("best_step" if by_step else "best_epoch")
     columns: dict[str, dict[int, float]] = {}
-    for tsv in sorted((epochs_dir / "plots" / "metrics").rglob("*.tsv")):
-        name = tsv.relative_to(epochs_dir / "plots" / "metrics").with_suffix("").as_posix()  # e.g. validation/f1
+    for tsv in sorted((folder / "plots" / "metrics").rglob("*.tsv")):
+        name = tsv.relative_to(folder / "plots" / "metrics").with_suffix("").as_posix()  # e.g. validation/f1
         with tsv.open(newline="") as f:
             columns[name] = {int(row["step"]): float(row[tsv.stem]) for row in csv.DictReader(f, delimiter="\t")}
     if not columns:
         return None
-    names = sorted(columns, key=lambda n: (not n.startswith("train/"), n != "validation/loss", n))
-    epochs = sorted({epoch for values in columns.values() for epoch in values})
-    rows = [[epoch, *(f"{columns[n][epoch]:.4f}" if epoch in columns[n] else "—" for n in names),
-             "✓" if epoch == kept_epoch else ""] for epoch in epochs]
-    return markdown_table(["epoch", *(n.replace("/", " ") for n in names), "kept"], rows)
+    names = sorted(columns, key=lambda n: (n != "epoch", not n.startswith("train/"), n != "validation/loss", n))
+    points = sorted({point for values in columns.values() for point in values})
+    cell = lambda n, v: f"{v:.0f}" if n == "epoch" else f"{v:.4f}"  # noqa: E731
+    rows = [[point, *(cell(n, columns[n][point]) if point in columns[n] else "—" for n in names),
+             "✓" if point == kept else ""] for point in points]
+    return markdown_table(["step" if by_step else "epoch", *(n.replace("/", " ") for n in names), "kept"], rows)
 
 
 def md5_file(path: Path) -> str:
@@ -257,7 +262,7 @@ def model_card(params: Params, paths: Paths) -> ModelCard:
         "params": params, "task": task, "glue": params.data.glue_task, "question": question, "source": source,
         "train_rows": dataset["splits"]["train"]["rows"], "max_length": max_length,
         "evaluation_table": evaluation_table(task, evaluation), "collapse_notes": collapse_notes(task, evaluation),
-        "epoch_table": epoch_table(paths.train_logs / "epochs", train.get("best_epoch")), "train": train,
+        "training_table": training_table(paths.train_logs, train), "train": train,
         "params_table": params_table(params), "git": git_state(paths.root),
         "lock_table": lock_table, "lock_note": lock_note, "dataset": dataset, "checkpoint": checkpoint,
         "dataset_files": markdown_table(["file", "sha256"], [[f"`{f}`", f"`{h}`"]

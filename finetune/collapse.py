@@ -103,9 +103,10 @@ def warn_if_collapsed(where: str, task: Task, metrics: dict, report: dict) -> No
                     "model): %s. %s", where, describe_collapse(task, metrics, report), ADVICE)
 
 
-def note_epoch(epoch: int, task: Task, metrics: dict, report: dict) -> str | None:
-    """The collapse check of one epoch's validation in training: an INFO line when ``report`` says collapsed (an
-    early epoch often is, before the model has learned: the end of the run decides, ``end_of_run``).
+def note_evaluation(point: int, task: Task, metrics: dict, report: dict, unit: str = "epoch") -> str | None:
+    """The collapse check of one validation in training (after epoch ``point``, or at optimizer step ``point`` with
+    ``unit`` 'step'): an INFO line when ``report`` says collapsed (an early evaluation often is, before the model has
+    learned: the end of the run decides, ``end_of_run``).
 
     Returns:
         the description (``describe_collapse``) when collapsed, else None.
@@ -113,32 +114,34 @@ def note_epoch(epoch: int, task: Task, metrics: dict, report: dict) -> str | Non
     if not report["collapsed"]:
         return None
     about = describe_collapse(task, metrics, report)
-    log.info("validation, epoch %d: no better than a constant model yet: %s", epoch, about)
+    log.info("validation, %s %d: no better than a constant model yet: %s", unit, point, about)
     return about
 
 
-def end_of_run(collapsed: dict[str, str], epochs: int, kept_epoch: int) -> dict:
-    """The run's collapse verdict, logged in one line: a WARNING (with what to try) when the kept model's epoch
-    collapsed, which includes every epoch having collapsed; else INFO naming the epochs that did, if any.
+def end_of_run(collapsed: dict[str, str], evaluations: int, kept: int, unit: str = "epoch") -> dict:
+    """The run's collapse verdict, logged in one line: a WARNING (with what to try) when the kept model's evaluation
+    collapsed, which includes every evaluation having collapsed; else INFO naming the evaluations that did, if any.
 
     Args:
-        collapsed: ``{str(epoch): description}`` of the collapsed epochs (``note_epoch``'s results).
-        epochs: the epochs run; kept_epoch: the epoch whose model is kept.
+        collapsed: ``{str(point): description}`` of the collapsed evaluations (``note_evaluation``'s results), a
+            point being an epoch, or an optimizer step with ``unit`` 'step' (``train.eval_every_steps``).
+        evaluations: the evaluations run; kept: the point (epoch or step) whose model is kept.
 
     Returns:
-        ``{"collapsed_epochs": [...], "kept_model_collapsed": bool}`` for metrics/train.json.
+        ``{"collapsed_<unit>s": [...], "kept_model_collapsed": bool}`` for metrics/train.json.
     """
-    which = sorted(int(epoch) for epoch in collapsed)
-    kept = collapsed.get(str(kept_epoch))
-    some = (f"epoch {which[0]} of {epochs} was" if len(which) == 1 else
-            f"epochs {', '.join(map(str, which))} of {epochs} were")
-    if kept is not None:
-        every = f"every epoch ({epochs}) was" if len(which) == epochs else some
-        log.warning("Collapse check on validation: the kept model (epoch %d) looks collapsed, and %s: %s. %s",
-                    kept_epoch, every, kept, ADVICE)
+    which = sorted(int(point) for point in collapsed)
+    about = collapsed.get(str(kept))
+    of = f"of {evaluations}" if unit == "epoch" else f"(of {evaluations} evaluations)"
+    some = (f"{unit} {which[0]} {of} was" if len(which) == 1 else f"{unit}s {', '.join(map(str, which))} {of} were")
+    if about is not None:
+        every = f"every {unit if unit == 'epoch' else 'evaluation'} ({evaluations}) was" if len(which) == evaluations \
+            else some
+        log.warning("Collapse check on validation: the kept model (%s %d) looks collapsed, and %s: %s. %s",
+                    unit, kept, every, about, ADVICE)
     elif which:
-        log.info("Collapse check on validation: %s no better than a constant model; the kept model (epoch %d) is "
-                 "not collapsed", some, kept_epoch)
+        log.info("Collapse check on validation: %s no better than a constant model; the kept model (%s %d) is "
+                 "not collapsed", some, unit, kept)
     else:
-        log.info("Collapse check on validation: no epoch of %d was collapsed", epochs)
-    return {"collapsed_epochs": which, "kept_model_collapsed": kept is not None}
+        log.info("Collapse check on validation: no %s of %d was collapsed", unit, evaluations)
+    return {f"collapsed_{unit}s": which, "kept_model_collapsed": about is not None}

@@ -10,6 +10,7 @@ import contextlib
 from pathlib import Path
 from typing import Iterator
 
+from finetune.paths import EVALUATION_LOGS
 from finetune.runtime import atomic_dir
 from finetune.tasks import Task
 
@@ -24,29 +25,32 @@ def open_live(directory: str | Path):
 class TrainLog:
     """The train stage's logs: ``<folder>/steps`` (``train/loss``: mean over the last ``log_every`` optimizer
     steps, ``train/lr``, every ``log_every`` steps and at the last step; with distillation ``train/hard_loss`` and
-    ``train/soft_loss`` the same way) and ``<folder>/epochs`` (``train/loss``, with distillation its two parts,
-    ``validation/<metric>``). A resumed run replays its earlier steps and epochs through the same two methods,
+    ``train/soft_loss`` the same way) and the evaluations: ``<folder>/epochs`` (DVCLive's step is the epoch) or, with
+    ``unit`` 'step' (``train.eval_every_steps``), ``<folder>/evaluations`` (its step is the optimizer step, and
+    ``epoch`` a metric) with ``train/loss`` since the previous evaluation, with distillation its two parts, and
+    ``validation/<metric>``. A resumed run replays its earlier steps and evaluations through the same two methods,
     so its logs equal an uninterrupted run's. With ``folder`` None (processes other than the main one) nothing
     is written.
     """
 
-    def __init__(self, folder: Path | None, log_every: int, total_steps: int):
+    def __init__(self, folder: Path | None, log_every: int, total_steps: int, unit: str = "epoch"):
         self.steps = open_live(folder / "steps") if folder is not None else None
-        self.epochs = open_live(folder / "epochs") if folder is not None else None
-        self.log_every, self.total_steps = log_every, total_steps
+        self.evaluations = open_live(folder / EVALUATION_LOGS[unit]) if folder is not None else None
+        self.log_every, self.total_steps, self.unit = log_every, total_steps, unit
 
     @classmethod
     @contextlib.contextmanager
-    def open(cls, folder: Path, enabled: bool, log_every: int, total_steps: int) -> Iterator["TrainLog"]:
+    def open(cls, folder: Path, enabled: bool, log_every: int, total_steps: int,
+             unit: str = "epoch") -> Iterator["TrainLog"]:
         """The log, written to a temp folder beside ``folder`` that replaces it at the end (removed on error)."""
         if not enabled:
-            yield cls(None, log_every, total_steps)
+            yield cls(None, log_every, total_steps, unit)
             return
         with atomic_dir(folder) as tmp:
-            log = cls(tmp, log_every, total_steps)
+            log = cls(tmp, log_every, total_steps, unit)
             yield log
             log.steps.end()
-            log.epochs.end()
+            log.evaluations.end()
 
     def log_step(self, step: int, losses: list[float], lrs: list[float], parts: dict | None = None) -> None:
         """Log optimizer step ``step`` (1-based) if it is due; ``losses``, ``lrs``: one value per optimizer step;
@@ -61,22 +65,23 @@ class TrainLog:
         self.steps.log_metric("train/lr", lrs[step - 1])
         self.steps.make_summary()
 
-    def log_epoch(self, entry: dict) -> None:
-        """Log one epoch: ``entry`` is ``{"epoch": n, "train/loss": ..., "validation/<metric>": ...}``."""
-        if self.epochs is None:
+    def log_evaluation(self, entry: dict) -> None:
+        """Log one evaluation: ``entry`` is ``{"epoch": n, "step": s, "train/loss": ..., "validation/<metric>":
+        ...}``, at DVCLive step ``entry[unit]``."""
+        if self.evaluations is None:
             return
-        self.epochs.step = entry["epoch"]
+        self.evaluations.step = entry[self.unit]
         for name, value in entry.items():
-            if name != "epoch":
-                self.epochs.log_metric(name, value)
-        self.epochs.make_summary()
+            if name != self.unit and name != "step":
+                self.evaluations.log_metric(name, value)
+        self.evaluations.make_summary()
 
-    def replay(self, losses: list[float], lrs: list[float], epoch_logs: list[dict], parts: dict | None = None) -> None:
-        """Log the steps and epochs that a resumed run did before it was interrupted."""
+    def replay(self, losses: list[float], lrs: list[float], evaluations: list[dict], parts: dict | None = None) -> None:
+        """Log the steps and evaluations that a resumed run did before it was interrupted."""
         for step in range(1, len(losses) + 1):
             self.log_step(step, losses, lrs, parts)
-        for entry in epoch_logs:
-            self.log_epoch(entry)
+        for entry in evaluations:
+            self.log_evaluation(entry)
 
 
 def log_plots(live, split: str, task: Task, table) -> None:

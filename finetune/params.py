@@ -102,6 +102,7 @@ class ModelParams(_Section):
 
 class TokenizeParams(_Section):
     max_length: Annotated[int, Field(strict=True, ge=8)] | None
+    num_proc: PositiveInt | None  # worker processes of Dataset.map (null: one; the fast tokenizer uses every core)
 
 
 class TrainParams(_Section):
@@ -118,9 +119,12 @@ class TrainParams(_Section):
     warmup_ratio: float = Field(ge=0, lt=1)  # ... or as a fraction of all optimizer steps (not both)
     metric_for_best: str | None = Field(min_length=1)  # picks the kept epoch: loss or a task metric (null: its main)
     keep_best: StrictBool  # save the best epoch's weights (true) or the last epoch's (false)
-    early_stopping_patience: PositiveInt | None  # epochs without improvement before stopping (null: never)
+    early_stopping_patience: PositiveInt | None  # evaluations without improvement before stopping (null: never)
     early_stopping_threshold: float = Field(ge=0)  # smallest change of metric_for_best that counts as improvement
-    resume: StrictBool  # continue from the last epoch checkpoint in models/checkpoints when it matches these params
+    eval_every_steps: PositiveInt | None  # validate every this many optimizer steps and at the last (null: every epoch)
+    save_every_steps: PositiveInt | None  # checkpoint every this many steps too (null: only after each evaluation)
+    save_total_limit: PositiveInt | None  # checkpoints kept in models/checkpoints, newest first (null: all)
+    resume: StrictBool  # continue from the last checkpoint in models/checkpoints when it matches these params
     accelerate_config: str = Field(min_length=1)  # `accelerate launch --config_file` of the train and evaluate stages
     mixed_precision: Literal["auto", "no", "fp16", "bf16"]  # auto: see resolve_mixed_precision
     log_every: PositiveInt  # optimizer steps between DVCLive logs of train loss and learning rate

@@ -22,6 +22,11 @@ def project_path(path: str) -> Path:
     return Path(os.environ.get("DVC_ROOT", ".")) / path
 
 
+# The train stage's evaluation log inside Paths.train_logs, by what evaluations are counted in: epochs, or optimizer
+# steps with train.eval_every_steps (DVCLive's step is then the optimizer step)
+EVALUATION_LOGS = {"epoch": "epochs", "step": "evaluations"}
+
+
 @dataclass(frozen=True)
 class Paths:
     """Where every artifact of the pipeline lives, under ``root`` (dvc.yaml declares the same paths)."""
@@ -69,7 +74,7 @@ class Paths:
         return self.root / "metrics"
 
     @property
-    def train_logs(self) -> Path:  # DVCLive logs by step and by epoch (git-tracked, cache: false)
+    def train_logs(self) -> Path:  # DVCLive logs by step and by evaluation (git-tracked, cache: false)
         return self.root / "dvclive" / "train"
 
     @property

@@ -1,14 +1,19 @@
-"""What lets an interrupted training run continue: its state, its fingerprint, and its epoch checkpoints.
+"""What lets an interrupted training run continue: its state, its fingerprint, and its checkpoints.
 
-After every epoch the train stage saves ``accelerator.save_state`` (model, optimizer, scheduler, RNG states)
-plus ``trainer_state.json`` (a ``RunState``) into ``models/checkpoints/epoch-N``. A later run with the same
-fingerprint continues after the newest complete one and ends exactly where an uninterrupted run ends.
+After every evaluation (every epoch, or every ``train.eval_every_steps`` optimizer steps) and every
+``train.save_every_steps`` steps, the train stage saves ``accelerator.save_state`` (model, optimizer, scheduler, the RNG
+states) plus ``trainer_state.json`` (a ``RunState``) into ``models/checkpoints/step-N``
+(N: optimizer steps taken). A later run with the same fingerprint continues from the newest complete one, mid-epoch
+too (the epoch's batch order is replayed and its first batches skipped, ``finetune.training``), and ends exactly where
+an uninterrupted run ends. The newest ``train.save_total_limit`` checkpoints are kept.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,15 +22,19 @@ from accelerate import Accelerator
 from datasets import DatasetDict
 
 from finetune.code import code_digest
+from finetune.errors import CheckpointError
 from finetune.params import Params
 from finetune.paths import Paths
 
-STATE_FILE = "trainer_state.json"  # inside each epoch checkpoint, beside accelerator.save_state's files
+log = logging.getLogger(__name__)
+
+STATE_FILE = "trainer_state.json"  # inside each checkpoint, beside accelerator.save_state's files
 
 
 @dataclass
 class RunState:
-    """Everything beyond ``accelerator.save_state`` needed to continue a run; saved per epoch as trainer_state.json."""
+    """Everything beyond ``accelerator.save_state`` needed to continue a run; saved in each checkpoint as
+    trainer_state.json."""
 
     fingerprint: str
     epoch: int = 0  # epochs finished
@@ -36,11 +45,12 @@ class RunState:
     padded_tokens: int = 0  # all tokens of those batches, padding included
     losses: list = field(default_factory=list)  # train loss of every optimizer step
     lrs: list = field(default_factory=list)  # learning rate after every optimizer step
-    epoch_logs: list = field(default_factory=list)  # one dict per epoch: train loss and validation metrics
+    # one dict per evaluation: epoch (in progress), step, train loss since the previous one, validation metrics
+    evaluations: list = field(default_factory=list)
     stopping: dict = field(default_factory=dict)  # EarlyStopping fields
     # with distillation: {"train/hard_loss": [...], "train/soft_loss": [...]}, one value per optimizer step
     loss_parts: dict = field(default_factory=dict)
-    collapsed: dict = field(default_factory=dict)  # {str(epoch): description} of the epochs the collapse check flagged
+    collapsed: dict = field(default_factory=dict)  # {str(epoch or step): description} of evaluations found collapsed
 
 
 def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int, mixed_precision: str,
@@ -75,16 +85,19 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
 
 
 def last_checkpoint(checkpoints_dir: Path, fingerprint: str) -> Path | None:
-    """The newest complete ``epoch-N`` checkpoint of the run ``fingerprint``, or None.
+    """The newest complete ``step-N`` checkpoint of the run ``fingerprint``, or None.
 
-    A checkpoint is complete once its folder has its final name: it is written as ``.epoch-N.tmp`` and renamed.
+    A checkpoint is complete once its folder has its final name: it is written as ``.step-N.tmp`` and renamed.
     """
-    found = []
-    for folder in Path(checkpoints_dir).glob("epoch-*"):
-        state_file = folder / STATE_FILE
-        if state_file.is_file() and json.loads(state_file.read_text()).get("fingerprint") == fingerprint:
-            found.append((int(folder.name.split("-")[1]), folder))
+    found = [(step, folder) for step, folder in checkpoints_of(checkpoints_dir)
+             if json.loads((folder / STATE_FILE).read_text()).get("fingerprint") == fingerprint]
     return max(found)[1] if found else None
+
+
+def checkpoints_of(checkpoints_dir: Path) -> list[tuple[int, Path]]:
+    """The complete checkpoints in ``checkpoints_dir`` as ``(step, folder)``, oldest first."""
+    return sorted((int(folder.name.split("-")[1]), folder) for folder in Path(checkpoints_dir).glob("step-*")
+                  if (folder / STATE_FILE).is_file())
 
 
 def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> RunState:
@@ -93,25 +106,38 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> RunState:
     return RunState(**json.loads((checkpoint / STATE_FILE).read_text()))
 
 
-def save_checkpoint(accelerator: Accelerator, checkpoints_dir: Path, state: RunState) -> Path:
-    """``accelerator.save_state`` plus the run state into ``checkpoints_dir/epoch-<state.epoch>``, atomically.
+def save_checkpoint(accelerator: Accelerator, checkpoints_dir: Path, state: RunState,
+                    keep: int | None = 1) -> Path:
+    """``accelerator.save_state`` plus the run state into ``checkpoints_dir/step-<state.step>``, atomically.
 
-    Written to ``.epoch-N.tmp`` and renamed when complete; older epoch checkpoints are then deleted. Every process
-    must call it (save_state synchronises them).
+    Written to ``.step-N.tmp`` and renamed when complete; only then are the checkpoints beyond the newest ``keep``
+    deleted (None: none). Every process must call it (save_state synchronises them).
+
+    Raises:
+        CheckpointError: the checkpoint could not be written (e.g. the disk is full); the message names the folder
+            and the checkpoint kept. The temp folder is removed; the earlier checkpoints are untouched.
     """
-    final = Path(checkpoints_dir) / f"epoch-{state.epoch}"
-    tmp = Path(checkpoints_dir) / f".epoch-{state.epoch}.tmp"
-    if accelerator.is_main_process:
+    final = Path(checkpoints_dir) / f"step-{state.step}"
+    tmp = Path(checkpoints_dir) / f".step-{state.step}.tmp"
+    try:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp))
+        if accelerator.is_main_process:
+            (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+    except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state)))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in Path(checkpoints_dir).glob("epoch-*"):
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+        kept = checkpoints_of(checkpoints_dir)
+        why = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
+        raise CheckpointError(f"{tmp}: could not write the checkpoint of step {state.step} ({why}); "
+                              f"{'the checkpoint ' + str(kept[-1][1]) + ' is kept' if kept else 'no checkpoint kept'}"
+                              " and a rerun resumes from it once there is room") from err
+    if accelerator.is_main_process and keep is not None:
+        for _, old in checkpoints_of(checkpoints_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final

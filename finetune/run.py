@@ -57,9 +57,14 @@ class Run:
     mixed_precision: str
     parameters: int
     baseline: dict  # the constant model of train's labels on validation (finetune.collapse.constant_baseline)
-    resumed_from: int = 0  # the epoch a resumed run continued after (0: a fresh run)
+    resumed_from: int = 0  # the optimizer step a resumed run continued from (0: a fresh run)
     compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
     distill: Distillation | None = None  # with distill.teacher: the loss on the teacher's logits too
+
+    @property
+    def unit(self) -> str:
+        """What evaluations are counted in: 'epoch' (one after every epoch) or 'step' (``train.eval_every_steps``)."""
+        return "step" if self.p.eval_every_steps else "epoch"
 
 
 def build_run(params: Params, paths: Paths) -> Run:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -217,15 +218,18 @@ def score_train(params: Params, folder: Path, identity: dict, task: Task, raw: D
              params.distill.teacher, identity["model_type"], identity["task_type"], len(raw),
              " in both orders" if swapped else "", type(tokenizer).__name__, max_length, mixed_precision,
              accelerator.device)
-    encoded = tokenize(DatasetDict({"train": raw}), tokenizer, max_length, task.text_columns, swapped)["train"]
-    loaders, order = evaluation_loaders(encoded, tokenizer, params.evaluate, both_orders=swapped)
     outputs = []
-    for i, loader in enumerate(loaders):
-        logits, _ = split_logits(model, accelerator.prepare(loader), accelerator,
-                                 desc="teacher (swapped)" if i else "teacher")
-        if order is not None:  # back to row order
-            logits = logits[np.argsort(order)]
-        outputs.append(logits.numpy().astype(np.float32))
+    with tempfile.TemporaryDirectory(prefix="teacher-tokens-") as scratch:  # memory-mapped, not in memory
+        encoded = tokenize(DatasetDict({"train": raw}), tokenizer, max_length, task.text_columns, swapped,
+                           cache_dir=Path(scratch))["train"]
+        loaders, order = evaluation_loaders(encoded, tokenizer, params.evaluate, both_orders=swapped)
+        for i, loader in enumerate(loaders):  # in batches, with a progress bar
+            logits, _ = split_logits(model, accelerator.prepare(loader), accelerator,
+                                     desc="teacher (swapped)" if i else "teacher")
+            if order is not None:  # back to row order
+                logits = logits[np.argsort(order)]
+            outputs.append(logits.numpy().astype(np.float32))
+        del encoded, loaders
     return outputs, {"max_length": max_length, "mixed_precision": mixed_precision,
                      "device": describe_device(accelerator.device)}
 

@@ -6,6 +6,8 @@ https://huggingface.co/learn/llm-course/chapter3/4
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
@@ -14,13 +16,20 @@ SWAPPED = "swapped_"  # prefix of the columns that hold a pair in the other orde
 
 
 def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None,
-             text_columns: tuple[str, ...], swapped: bool = False) -> DatasetDict:
+             text_columns: tuple[str, ...], swapped: bool = False, cache_dir: Path | None = None,
+             num_proc: int | None = None) -> DatasetDict:
     """Tokenize as the course does: ``tokenizer(s1, s2, truncation=True)`` (or ``tokenizer(s, ...)`` for a
     single-sentence task) via ``map(batched=True)``.
 
     No padding here: DataCollatorWithPadding pads each batch to its own longest sequence. With ``swapped`` (a
     symmetric pair task), each row also holds the pair in the other order, ``tokenizer(s2, s1, ...)``, under
     ``SWAPPED`` + the column name; ``finetune.batches.PairCollator`` picks one order per row.
+
+    Where the rows go: with ``cache_dir``, Arrow files in that folder (``<split>.arrow``), memory-mapped, so the
+    memory used does not grow with the rows (the tokenize stage: a scratch folder); without, memory (small data,
+    tests). Never into the input folder (a DVC output of the download stage). ``num_proc`` worker processes
+    tokenize shards of each split (``Dataset.map``; None: this process, where a fast tokenizer already uses every
+    core for each batch); the result is the same.
 
     Returns:
         A DatasetDict with columns ``input_ids``, ``token_type_ids`` (where the tokenizer gives them: BERT,
@@ -37,10 +46,12 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
             encoded.update({SWAPPED + name: values for name, values in other.items()})
         return encoded
 
-    # keep_in_memory: no cache file is written into the input folder (a DVC output of the download stage).
+    def where(split: str) -> dict:
+        return {"keep_in_memory": True} if cache_dir is None else {"cache_file_name": str(cache_dir / f"{split}.arrow")}
+
     tokenized = DatasetDict({
-        split: ds.map(encode, batched=True, remove_columns=[*text_columns, "idx"], keep_in_memory=True,
-                      desc=f"Tokenizing {split}")
+        split: ds.map(encode, batched=True, remove_columns=[*text_columns, "idx"], num_proc=num_proc,
+                      desc=f"Tokenizing {split}", **where(split))
         for split, ds in raw.items()})
     return DatasetDict({split: ds.rename_column("label", "labels") if "label" in ds.column_names else ds
                         for split, ds in tokenized.items()})
@@ -61,5 +72,11 @@ def length_stats(ds: Dataset, max_length: int) -> dict:
 
 
 def token_lengths(ds: Dataset) -> list[int]:
-    """Tokens per example (special tokens included) of a tokenized split, in row order."""
-    return [len(ids) for ids in ds["input_ids"]]
+    """Tokens per example (special tokens included) of a tokenized split, in row order.
+
+    Read from the Arrow list column's offsets (``pyarrow.compute.list_value_length``), not by turning every row into
+    a Python list: 400 k rows take milliseconds and no memory beyond the result (benchmarks/SCALE.md).
+    """
+    import pyarrow.compute as pc
+
+    return pc.list_value_length(ds.with_format("arrow")["input_ids"]).to_numpy().tolist()

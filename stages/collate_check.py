@@ -1,16 +1,23 @@
 """Stage 3, collate-check: every batch that training and evaluation will see obeys the dynamic-padding rules.
 
-Builds the DataLoaders with the same code as training (finetune.batches) and checks every batch of every split,
+Builds the DataLoaders with the same code as training (finetune.batches) and checks the batches of every split,
 then runs one forward pass of the pretrained model. Writes metrics/collate_check.json; any broken rule exits
 non-zero with a message naming the split, the batch and the rule.
+
+Bounded on big data: a split of up to ``MAX_CHECKED_BATCHES`` batches (MRPC: 230 train batches) is checked whole;
+a larger one (SST-2: 4,210; 400 k rows: 25 k) in its first and last ``MAX_CHECKED_BATCHES / 4`` batches (with a
+length-sorted split the shortest and the longest rows) and a seeded random half of that limit between. The padding
+and length statistics always cover every batch: they need only the rows' token lengths and the sampler's batches.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 
 import torch
 from datasets import load_from_disk
+from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from finetune.batches import evaluation_batches, make_collator, train_dataloader
@@ -21,8 +28,12 @@ from finetune.paths import Paths
 from finetune.splits import is_labeled, present_splits
 from finetune.runtime import run_stage, write_json
 from finetune.tasks import Task
+from finetune.tokenization import token_lengths
 
 log = logging.getLogger(__name__)
+
+MAX_CHECKED_BATCHES = 2000  # per split; beyond it a sample (module docstring)
+
 
 def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, task: Task, labeled: bool = True) -> None:
     """Check one collated batch; ``where`` (e.g. "split=train batch=3") prefixes any error.
@@ -72,22 +83,43 @@ def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, tas
                        f"[0, {task.num_labels}) of {list(task.label_names)}")
 
 
-def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, task: Task, labeled: bool) -> dict:
-    """Check every batch of one split; return first batch shapes, padding fraction, mean/max length."""
-    real_tokens = total_tokens = max_len = batches = 0
+def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, task: Task, labeled: bool,
+                seed: int = 0) -> dict:
+    """Check the batches of one split (every one, or a sample beyond ``MAX_CHECKED_BATCHES``: ``batches_to_check``)
+    and describe all of them: first batch shapes, padding fraction, mean/max length, batches and batches checked.
+
+    The batches are the DataLoader's own (its batch sampler's row indices, collated by its collate_fn), so a
+    length-grouped train order is checked as training sees it.
+    """
+    dataset = dataloader.dataset
+    # row indices per batch, drawn as the DataLoader draws them (its generator: the same order), nothing collated
+    batches = list(DataLoader(range(len(dataset)), batch_sampler=dataloader.batch_sampler,
+                              generator=dataloader.generator, collate_fn=list))
+    checked = batches_to_check(len(batches), seed)
     first_shapes = None
-    for i, batch in enumerate(dataloader):
+    for i in checked:
+        columns = dataset[batches[i]]  # one read of the batch's rows, as the DataLoader's fetch does
+        batch = dataloader.collate_fn([dict(zip(columns, row)) for row in zip(*columns.values())])
         check_batch(batch, tokenizer, f"split={split} batch={i}", task, labeled)
         if first_shapes is None:
             first_shapes = {k: list(v.shape) for k, v in batch.items()}
-        real_tokens += int(batch["attention_mask"].sum())
-        total_tokens += batch["attention_mask"].numel()
-        max_len = max(max_len, batch["input_ids"].shape[1])
-        batches += 1
-    examples = len(dataloader.dataset)
-    return {"batches": batches, "first_batch_shapes": first_shapes,
+    lengths = token_lengths(dataset)
+    real_tokens = sum(lengths)
+    total_tokens = sum(len(b) * max(lengths[j] for j in b) for b in batches)
+    return {"batches": len(batches), "first_batch_shapes": first_shapes,
             "padding_fraction": round(1 - real_tokens / total_tokens, 4),
-            "mean_length": round(real_tokens / examples, 2), "max_length": max_len}
+            "mean_length": round(real_tokens / len(dataset), 2), "max_length": max(lengths),
+            "checked_batches": len(checked)}
+
+
+def batches_to_check(n: int, seed: int = 0) -> list[int]:
+    """Which of ``n`` batches to check, in order: all up to ``MAX_CHECKED_BATCHES``; beyond, the first and the last
+    quarter of that limit and a random half of it (``seed``) from between."""
+    if n <= MAX_CHECKED_BATCHES:
+        return list(range(n))
+    edge = MAX_CHECKED_BATCHES // 4
+    middle = random.Random(seed).sample(range(edge, n - edge), MAX_CHECKED_BATCHES - 2 * edge)
+    return sorted([*range(edge), *middle, *range(n - edge, n)])
 
 
 def check_forward(model, batch: dict, task: Task) -> dict:
@@ -108,7 +140,8 @@ def check_forward(model, batch: dict, task: Task) -> dict:
 
 
 def check_all(params: Params, paths: Paths) -> dict:
-    """Check every batch of train and of ``evaluate.splits``, then one forward pass; return the report.
+    """Check the batches of train and of ``evaluate.splits`` (``check_split``), then one forward pass; return the
+    report.
 
     Raises:
         CollateError: at the first broken rule, naming split, batch and rule.
@@ -122,9 +155,11 @@ def check_all(params: Params, paths: Paths) -> dict:
         loaders[split], _ = evaluation_batches(tokenized[split], collator, params.evaluate)
     report = {}
     for split, loader in loaders.items():
-        report[split] = check_split(loader, tokenizer, split, task, labeled=is_labeled(tokenized[split]))
-        log.info("%s: %d batches OK, padding %.1f%%", split, report[split]["batches"],
-                 100 * report[split]["padding_fraction"])
+        report[split] = check_split(loader, tokenizer, split, task, is_labeled(tokenized[split]), params.train.seed)
+        r = report[split]
+        log.info("%s: %s batches OK%s, padding %.1f%%", split, r["checked_batches"],
+                 "" if r["checked_batches"] == r["batches"] else f" (a sample of {r['batches']})",
+                 100 * r["padding_fraction"])
     torch.manual_seed(params.train.seed)
     model = load_classifier(paths.pretrained, task, params.model.pooling).eval()
     report["forward"] = check_forward(model, next(iter(loaders["train"])), task)

@@ -3,7 +3,8 @@ they exist and have labels), with predictions for every split.
 
 Writes metrics/eval.json ``{"validation": {"loss", <the task's metrics>, "examples", "baseline", "most_predicted",
 "collapsed"}, "test": {...}}`` (one shape per task, e.g. MRPC: accuracy and F1; the last three are the collapse
-check, ``finetune.collapse``), data/predictions/<split>.csv (see ``prediction_table``) and, per labeled split,
+check, ``finetune.collapse``), data/predictions/<split>.csv (see ``prediction_table``; written in chunks of
+``CHUNK_ROWS``, so a split of 400 k rows never sits in memory as one table of texts) and, per labeled split,
 DVCLive's plots under dvclive/evaluate/plots/ (``finetune.live.log_plots``).
 """
 
@@ -33,15 +34,30 @@ from finetune.tasks import Task
 log = logging.getLogger(__name__)
 
 
-def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task) -> pd.DataFrame:
+CHUNK_ROWS = 10_000  # rows of the predictions table built and written at a time
+
+
+def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task, columns: tuple[str, ...] | None = None,
+                     ) -> pd.DataFrame:
     """One row per example of ``raw`` (a prepared split) in its order: ``idx``, the text columns, ``label`` (the
     gold class name or score; absent when unlabeled), then ``prediction`` and the probabilities
-    (``finetune.evaluation.with_predictions`` of ``logits [examples, num_labels]``)."""
-    table = raw.select_columns(["idx", *task.text_columns]).to_pandas()
+    (``finetune.evaluation.with_predictions`` of ``logits [examples, num_labels]``). ``columns``: only these of
+    raw's (default ``idx`` and the text columns)."""
+    table = raw.select_columns(list(columns if columns is not None else ["idx", *task.text_columns])).to_pandas()
     if "label" in raw.column_names:
         labels = np.asarray(raw["label"])
         table["label"] = labels if task.is_regression else np.array(task.label_names)[labels]
     return with_predictions(table, logits, task)
+
+
+def write_predictions(raw: Dataset, logits: torch.Tensor, task: Task, file) -> None:
+    """``prediction_table`` of the split into the CSV ``file``, ``CHUNK_ROWS`` rows at a time (the same file as one
+    table gives)."""
+    with open(file, "w", newline="") as f:
+        for start in range(0, len(raw), CHUNK_ROWS):
+            rows = range(start, min(start + CHUNK_ROWS, len(raw)))
+            prediction_table(raw.select(rows), logits[start:rows.stop], task).to_csv(f, index=False,
+                                                                                     header=start == 0)
 
 
 def evaluate_model(params: Params, paths: Paths) -> dict:
@@ -74,16 +90,15 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
                                              metric, desc=split)
             if order is not None:  # back to row order
                 logits = logits[np.argsort(order)]
-            table = prediction_table(raw[split], logits, task)
             if main:
-                table.to_csv(tmp / f"{split}.csv", index=False)
-            results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(table)}
+                write_predictions(raw[split], logits, task, tmp / f"{split}.csv")
+            results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(logits)}
             if labeled:
                 baseline = constant_baseline(task, metric, tokenized["train"]["labels"], tokenized[split]["labels"])
                 results[split].update(collapse_check(task, metrics, predictions_of(logits, task), baseline))
                 warn_if_collapsed(split, task, metrics, results[split])
-            if live is not None and labeled:
-                log_plots(live, split, task, table)
+            if live is not None and labeled:  # gold and predicted classes, probabilities: no texts
+                log_plots(live, split, task, prediction_table(raw[split], logits, task, columns=("idx",)))
             log.info("%s: %s", split, results[split] if labeled else "no labels, predictions only")
         if live is not None:
             live.end()

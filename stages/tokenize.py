@@ -8,6 +8,8 @@ metrics/token_lengths.json (per split).
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 
 from datasets import load_from_disk
 from transformers import AutoTokenizer
@@ -29,11 +31,16 @@ def tokenize_splits(params: Params, paths: Paths) -> dict:
     both_orders = task.symmetric and params.train.swap_pairs  # the train stage refuses swap_pairs for other tasks
     log.info("Tokenizing %s (%s%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
              ", both orders (train.swap_pairs)" if both_orders else "", type(tokenizer).__name__, max_length)
-    tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns, both_orders)
-    with atomic_dir(paths.tokenized) as tmp:
+    paths.tokenized.parent.mkdir(parents=True, exist_ok=True)
+    # the rows go to memory-mapped Arrow files in a scratch folder (memory does not grow with them), then are saved
+    with tempfile.TemporaryDirectory(dir=paths.tokenized.parent, prefix=".tokenize-scratch-") as scratch, \
+            atomic_dir(paths.tokenized) as tmp:
+        tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns, both_orders,
+                             cache_dir=Path(scratch), num_proc=params.tokenize.num_proc)
         tokenized.save_to_disk(str(tmp))
         task.save(tmp)
-    stats = {split: length_stats(ds, max_length) for split, ds in tokenized.items()}
+        stats = {split: length_stats(ds, max_length) for split, ds in tokenized.items()}
+        del tokenized  # its memory maps, before the scratch folder goes
     for split, s in stats.items():
         log.info("%s: %d examples, tokens mean %.1f, max %d, truncated %d", split, s["examples"], s["mean"], s["max"],
                  s["truncated"])

@@ -94,3 +94,31 @@ def test_three_classes_and_regression_labels(tokenized, tokenizer, tiny_checkpoi
 def test_an_unlabeled_batch_has_no_labels_key(tokenized, tokenizer):
     batch = {k: v for k, v in _first_batch(tokenized, make_collator(tokenizer)).items() if k != "labels"}
     check_batch(batch, tokenizer, "split=test batch=0", MRPC, labeled=False)
+
+
+def test_a_big_split_is_checked_in_a_bounded_sample_and_described_whole(tokenized, tokenizer, monkeypatch):
+    from stages import collate_check
+
+    monkeypatch.setattr(collate_check, "MAX_CHECKED_BATCHES", 8)
+    checked = collate_check.batches_to_check(100, seed=3)
+    assert len(checked) == 8 and checked[:2] == [0, 1] and checked[-2:] == [98, 99]  # the edges, then a sample
+    assert checked == sorted(set(checked)) and checked == collate_check.batches_to_check(100, seed=3)
+    big = tokenized["train"].select(list(range(40)) * 5)  # 200 rows: 50 batches of 4
+    report = check_split(train_dataloader(big, make_collator(tokenizer), 4, seed=0), tokenizer, "train", MRPC,
+                         labeled=True)
+    assert (report["batches"], report["checked_batches"]) == (50, 8)
+    monkeypatch.setattr(collate_check, "MAX_CHECKED_BATCHES", 1000)
+    whole = check_split(train_dataloader(big, make_collator(tokenizer), 4, seed=0), tokenizer, "train", MRPC,
+                        labeled=True)
+    assert whole["checked_batches"] == 50
+    assert {k: v for k, v in whole.items() if k != "checked_batches"} == \
+        {k: v for k, v in report.items() if k != "checked_batches"}  # statistics over every batch either way
+
+
+def test_the_checked_batches_are_the_ones_training_sees(tokenized, tokenizer):
+    # length-grouped, seeded: the check draws the batch order as the DataLoader does
+    loader = train_dataloader(tokenized["train"], make_collator(tokenizer), 8, seed=5, group_by_length=True)
+    report = check_split(loader, tokenizer, "train", MRPC, labeled=True)
+    first = next(iter(train_dataloader(tokenized["train"], make_collator(tokenizer), 8, seed=5,
+                                       group_by_length=True)))
+    assert report["first_batch_shapes"]["input_ids"] == list(first["input_ids"].shape)

@@ -78,6 +78,16 @@ def test_tokenize_follows_the_course(tiny_raw, tokenizer):
     assert len({len(ids) for ids in tokenized["train"]["input_ids"]}) > 1
 
 
+def test_tokenize_to_memory_mapped_files_in_worker_processes_gives_the_same_rows(tiny_raw, tokenizer, tmp_path):
+    # the tokenize stage's way (Arrow files in a scratch folder, datasets' num_proc) against the in-memory one
+    in_memory = tokenize(tiny_raw, tokenizer, 128, ("sentence1", "sentence2"), swapped=True)
+    on_disk = tokenize(tiny_raw, tokenizer, 128, ("sentence1", "sentence2"), swapped=True, cache_dir=tmp_path,
+                       num_proc=2)
+    assert sorted(p.name for p in tmp_path.glob("train*.arrow"))  # written there, memory-mapped
+    for split in tiny_raw:
+        assert on_disk[split].to_dict() == in_memory[split].to_dict()
+
+
 def test_truncation_and_length_stats(tiny_raw, tokenizer):
     tokenized = tokenize(tiny_raw, tokenizer, 12, ("sentence1", "sentence2"))
     stats = length_stats(tokenized["train"], 12)

@@ -30,7 +30,7 @@ from tests.helpers import (REPO, launch, make_family_checkpoint, make_project, p
 
 MRPC = glue_task("mrpc")
 TEACHER = "models/own/teacher"  # distill.teacher of the test projects
-TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_epoch"}
+TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_step"}
 
 
 # --- the loss ---------------------------------------------------------------------------------------------------------
@@ -367,7 +367,7 @@ def test_training_with_a_teacher_logs_hard_and_soft_loss(distilled):
         assert len(pd.read_csv(paths.train_logs / "epochs" / "plots" / "metrics" / "train" / f"{name}.tsv",
                                sep="\t")) == 2
     # every step's loss is the mix of its two parts: (1 - alpha) * hard + alpha * soft
-    state = json.loads((paths.checkpoints / "epoch-2" / "trainer_state.json").read_text())
+    state = json.loads((paths.checkpoints / "step-10" / "trainer_state.json").read_text())
     hard, soft = state["loss_parts"]["train/hard_loss"], state["loss_parts"]["train/soft_loss"]
     assert len(hard) == len(soft) == len(state["losses"]) == 10
     for loss, h, s in zip(state["losses"], hard, soft):
@@ -385,19 +385,19 @@ def test_an_interrupted_distilled_run_resumes_to_the_uninterrupted_result(projec
     run_teacher(params, paths)
     train_epoch = training.train_epoch
 
-    def interrupt_in_epoch_2(run, state, logs, progress):
+    def interrupt_in_epoch_2(run, state, *args):
         if state.epoch == 1:
             raise KeyboardInterrupt
-        return train_epoch(run, state, logs, progress)
+        return train_epoch(run, state, *args)
 
     monkeypatch.setattr(training, "train_epoch", interrupt_in_epoch_2)
     with pytest.raises(KeyboardInterrupt):
         train(params, paths)
-    assert not paths.trained.exists() and (paths.checkpoints / "epoch-1").is_dir()
+    assert not paths.trained.exists() and (paths.checkpoints / "step-5").is_dir()
     monkeypatch.setattr(training, "train_epoch", train_epoch)
     reset_accelerate()
     metrics = train(params, paths)
-    assert metrics["resumed_from_epoch"] == 1
+    assert metrics["resumed_from_step"] == 5
     weights, metrics, logs = outcome(paths, metrics)
     assert weights.keys() == expected[0].keys() and all(weights[k].equal(expected[0][k]) for k in weights)
     assert metrics == expected[1]
@@ -412,16 +412,16 @@ def changed(params, section: str, **values):
 def test_another_teacher_or_alpha_starts_afresh(distilled):
     params, paths = distilled
     params = changed(params, "train", epochs=1)
-    assert train(params, paths)["resumed_from_epoch"] == 0
+    assert train(params, paths)["resumed_from_step"] == 0
     reset_accelerate()
-    assert train(params, paths)["resumed_from_epoch"] == 1  # the same run: continued after its last epoch
+    assert train(params, paths)["resumed_from_step"] == 5  # the same run: continued after its last epoch
     reset_accelerate()
     alpha = changed(params, "distill", alpha=0.9)
-    assert train(alpha, paths)["resumed_from_epoch"] == 0
+    assert train(alpha, paths)["resumed_from_step"] == 0
     reset_accelerate()
     logits = np.load(paths.teacher / LOGITS_FILE)  # the logits of another teacher, same folder name
     np.save(paths.teacher / LOGITS_FILE, logits[:, ::-1].copy())
-    assert train(alpha, paths)["resumed_from_epoch"] == 0
+    assert train(alpha, paths)["resumed_from_step"] == 0
 
 
 def test_alpha_0_trains_exactly_like_no_teacher(distilled, tiny_raw, tiny_checkpoint, tmp_path):

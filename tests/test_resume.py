@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from tests.helpers import REPO, make_project, make_raw, python, run, start, tiny_params, write_params
 
 EPOCHS = 3
-TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_epoch"}
+TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_step"}
 # 800 train rows in batches of 8: 100 optimizer steps an epoch, long enough to be killed during epoch 2.
 PARAMS = dict(train={"seed": 3, "epochs": EPOCHS, "num_threads": 1, "warmup_steps": 0, "warmup_ratio": 0.1,
                      "log_every": 10, "group_by_length": True, "keep_best": True, "scheduler": "cosine"},
@@ -61,7 +61,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(project_template, uninte
     shutil.copytree(project_template, project)
     process = start(python("-m", "stages.train"), project)
     deadline = time.time() + 240
-    while not (project / "models" / "checkpoints" / "epoch-1").is_dir():  # wait for the end of epoch 1 ...
+    while not (project / "models" / "checkpoints" / "step-100").is_dir():  # wait for the end of epoch 1 ...
         assert process.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
         time.sleep(0.05)
     time.sleep(0.5)  # ... and kill it during epoch 2
@@ -75,11 +75,11 @@ def test_killed_run_resumes_to_the_uninterrupted_result(project_template, uninte
     assert not (project / "dvclive" / "train").exists()
     if signum != signal.SIGKILL:
         assert not [p for p in project.rglob(".*.tmp")], output[-2000:]
-    checkpoints = sorted(p.name for p in (project / "models" / "checkpoints").glob("epoch-*"))
-    assert checkpoints and checkpoints[-1] != f"epoch-{EPOCHS}"
+    checkpoints = sorted(int(p.name.split("-")[1]) for p in (project / "models" / "checkpoints").glob("step-*"))
+    assert checkpoints and checkpoints[-1] < 100 * EPOCHS
 
     log = run_train(project)
-    assert f"Resuming after epoch {checkpoints[-1].split('-')[1]}" in log
+    assert f"Resuming from step {checkpoints[-1]}" in log
     weights, metrics, logs = outcome(project)
     expected_weights, expected_metrics, expected_logs = uninterrupted
     assert weights.keys() == expected_weights.keys()
@@ -87,7 +87,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(project_template, uninte
         assert weights[name].equal(tensor), name
     assert metrics == expected_metrics
     assert logs == expected_logs
-    assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_epoch"] >= 1
+    assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_step"] >= 100
     assert not [p for p in project.rglob(".*.tmp")]  # stale temp folders of a SIGKILLed run are cleaned up
 
 
@@ -100,7 +100,7 @@ def test_changed_params_start_afresh_instead_of_resuming(project_template, tmp_p
     write_params(project, tiny_params(**{**PARAMS, "train": {**PARAMS["train"], "epochs": 1, "lr": 5e-4}}))
     log = run_train(project)
     assert "Resuming" not in log
-    assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_epoch"] == 0
+    assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_step"] == 0
 
 
 def test_changed_code_changes_the_run_fingerprint(tmp_path, monkeypatch):

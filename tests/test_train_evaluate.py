@@ -96,6 +96,20 @@ def test_evaluate_writes_metrics_predictions_and_plots(finetuned, tiny_raw):
             assert (paths.eval_logs / "plots" / "sklearn" / split / f"{plot}.json").is_file()
 
 
+def test_predictions_written_in_chunks_equal_one_table(tiny_raw, tmp_path, monkeypatch):
+    import torch
+
+    from finetune.tasks import glue_task
+    from stages import evaluate
+
+    task, split = glue_task("mrpc"), tiny_raw["validation"]  # 21 rows
+    logits = torch.randn(len(split), 2, generator=torch.Generator().manual_seed(0))
+    evaluate.prediction_table(split, logits, task).to_csv(tmp_path / "whole.csv", index=False)
+    monkeypatch.setattr(evaluate, "CHUNK_ROWS", 8)  # 8 + 8 + 5
+    evaluate.write_predictions(split, logits, task, tmp_path / "chunks.csv")
+    assert (tmp_path / "chunks.csv").read_bytes() == (tmp_path / "whole.csv").read_bytes()
+
+
 def test_unlabeled_test_split_gets_predictions_only(finetuned, tiny_raw, tmp_path):
     paths, _ = finetuned
     # A prepared unlabeled split has no label column (download drops GLUE's -1 labels).

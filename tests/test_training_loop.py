@@ -108,5 +108,5 @@ def test_training_stops_early_and_keeps_the_best_epoch(tiny_project, monkeypatch
     kept = load_file(paths.trained / "model.safetensors")
     best = saved[2]  # saved after epochs 1 and 2, the improvements
     assert len(saved) == 2 and all(kept[k].equal(best[k]) for k in kept)
-    state = json.loads((paths.checkpoints / "epoch-4" / "trainer_state.json").read_text())
-    assert state["stopping"]["bad_epochs"] == 2
+    state = json.loads((paths.checkpoints / "step-20" / "trainer_state.json").read_text())
+    assert state["stopping"]["bad_evaluations"] == 2
