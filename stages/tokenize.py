@@ -31,10 +31,11 @@ def tokenize_splits(params: Params, paths: Paths) -> dict:
     both_orders = task.symmetric and params.train.swap_pairs  # the train stage refuses swap_pairs for other tasks
     log.info("Tokenizing %s (%s%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
              ", both orders (train.swap_pairs)" if both_orders else "", type(tokenizer).__name__, max_length)
-    paths.tokenized.parent.mkdir(parents=True, exist_ok=True)
-    # the rows go to memory-mapped Arrow files in a scratch folder (memory does not grow with them), then are saved
-    with tempfile.TemporaryDirectory(dir=paths.tokenized.parent, prefix=".tokenize-scratch-") as scratch, \
-            atomic_dir(paths.tokenized) as tmp:
+    # the rows go to memory-mapped Arrow files in a scratch folder (memory does not grow with them), then are saved;
+    # named like atomic_dir's temp folders, so a killed run's scratch is removed by the next run's atomic_dir
+    with atomic_dir(paths.tokenized) as tmp, \
+            tempfile.TemporaryDirectory(dir=paths.tokenized.parent, prefix=f".{paths.tokenized.name}.scratch-",
+                                        suffix=".tmp") as scratch:
         tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns, both_orders,
                              cache_dir=Path(scratch), num_proc=params.tokenize.num_proc)
         tokenized.save_to_disk(str(tmp))

@@ -133,13 +133,19 @@ def test_exp_run_shows_in_exp_show(project):
     # (Queued experiments, run two at a time: tests/test_team.py.)
     root = project
     # Changing train params reruns train, evaluate, card and export only; several -S at once, `no` read as a string.
+    # Validation every 2 of the 3 optimizer steps: at steps 2 and 3, logged by step (dvclive/train/evaluations).
     exp = run(dvc("exp", "run", "-S", "train.lr=3e-4", "-S", "train.warmup_steps=1", "-S", "train.warmup_ratio=0",
-                  "-S", "train.mixed_precision=no", "--name", "lr-3e-4"), root)
+                  "-S", "train.mixed_precision=no", "-S", "train.eval_every_steps=2", "--name", "lr-3e-4"), root)
     assert "Running stage 'train'" in exp and "Running stage 'evaluate'" in exp and "Running stage 'card'" in exp
     assert "Running stage 'tokenize'" not in exp and "Running stage 'download'" not in exp
+    f1 = (root / "dvclive/train/evaluations/plots/metrics/validation/f1.tsv").read_text().splitlines()
+    assert [int(line.split("\t")[0]) for line in f1[1:]] == [2, 3]
+    assert "| step | epoch | train loss |" in (root / "models/finetuned/README.md").read_text()
 
     runs = exp_show(root)
     assert "lr-3e-4" in runs and runs["lr-3e-4"]["params"]["params.yaml"]["data"]["train"]["mixed_precision"] == "no"
+    train_json = runs["lr-3e-4"]["metrics"]["metrics/train.json"]["data"]
+    assert (train_json["evaluations"], train_json["best_step"] in (2, 3)) == (2, True)
     assert {1e-3, 3e-4} <= {lr_of(data) for data in runs.values()}
     for name, data in runs.items():
         assert set(data["metrics"]) >= {"metrics/eval.json", "metrics/train.json"}, name

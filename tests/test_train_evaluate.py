@@ -126,3 +126,43 @@ def test_unlabeled_test_split_gets_predictions_only(finetuned, tiny_raw, tmp_pat
     table = pd.read_csv(project.predictions / "test.csv")
     assert "label" not in table and set(table["prediction"]) <= {"not_equivalent", "equivalent"}
     assert not (project.eval_logs / "plots").exists()  # no labels, no plots
+
+
+def interrupt_after_first_write(monkeypatch, module, name):
+    """Make ``module.name`` (a writer) write its first output, then stop as Ctrl-C or SIGTERM would."""
+    real = getattr(module, name)
+
+    def write_then_stop(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, name, write_then_stop)
+
+
+def test_an_interrupted_tokenize_leaves_the_previous_output_and_no_scratch(tiny_raw, tiny_checkpoint, tmp_path,
+                                                                          monkeypatch):
+    from datasets import DatasetDict, load_from_disk
+
+    from stages.tokenize import tokenize_splits
+
+    paths = make_project(tmp_path / "p", tiny_params(), tiny_raw, tiny_checkpoint)  # tokenized once
+    before = load_from_disk(str(paths.tokenized))["train"].to_dict()
+    interrupt_after_first_write(monkeypatch, DatasetDict, "save_to_disk")
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_splits(tiny_params(tokenize={"max_length": 16}), paths)  # other rows: truncated
+    assert load_from_disk(str(paths.tokenized))["train"].to_dict() == before
+    assert [p.name for p in paths.tokenized.parent.iterdir() if p.name.startswith(".")] == []  # temp, scratch
+
+
+def test_an_interrupted_evaluate_leaves_the_previous_predictions(finetuned, monkeypatch):
+    from stages import evaluate
+
+    paths, _ = finetuned
+    params = tiny_params(evaluate={"splits": ["validation", "test"]})
+    evaluate_model(params, paths)
+    before = {f.name: f.read_bytes() for f in paths.predictions.iterdir()}
+    interrupt_after_first_write(monkeypatch, evaluate, "write_predictions")  # validation.csv written, then stopped
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_model(params, paths)
+    assert {f.name: f.read_bytes() for f in paths.predictions.iterdir()} == before
+    assert not [p for p in paths.predictions.parent.iterdir() if p.name.startswith(".predictions")]
