@@ -32,6 +32,7 @@ from finetune.resume import run_fingerprint
 from finetune.runtime import make_accelerator, set_cpu_threads
 from finetune.tasks import Task
 from finetune.tokenization import has_both_orders
+from finetune.trial import TrialReport
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class Run:
     resumed_from: int = 0  # the optimizer step a resumed run continued from (0: a fresh run)
     compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
     distill: Distillation | None = None  # with distill.teacher: the loss on the teacher's logits too
+    trial: TrialReport | None = None  # in a search (tools.tune): the Optuna trial each validation is reported to
+    pruned: bool = False  # the search's pruner stopped the run
 
     @property
     def unit(self) -> str:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
 from finetune.collapse import collapse_check, end_of_run, note_evaluation
@@ -32,6 +33,7 @@ from finetune.resume import RunState, last_checkpoint, load_checkpoint, save_che
 from finetune.run import Run, build_run
 from finetune.runtime import atomic_dir, peak_memory_mb
 from finetune.tasks import Task
+from finetune.trial import trial_from_env
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ def train(params: Params, paths: Paths) -> dict:
     start = time.perf_counter()
     # the run: model, data, optimizer, schedule; then a fresh state or the last checkpoint's
     run = build_run(params, paths)
+    run.trial = trial_from_env(run.metric_for_best) if run.accelerator.is_main_process else None
     state, stopping = start_or_resume(run, paths)
     # epochs of steps, with evaluations and checkpoints between them; logs replayed first on resume
     with TrainLog.open(paths.train_logs, run.accelerator.is_main_process, run.p.log_every,
@@ -101,7 +104,7 @@ def train(params: Params, paths: Paths) -> dict:
         logs.replay(state.losses, state.lrs, state.evaluations, state.loss_parts)
         progress = tqdm(total=run.schedule.total_steps, initial=state.step, desc="train", unit="step",
                         disable=not run.accelerator.is_local_main_process)
-        while state.step < run.schedule.total_steps and not stopping.should_stop:
+        while state.step < run.schedule.total_steps and not stopping.should_stop and not run.pruned:
             train_epoch(run, state, stopping, logs, progress, paths)
         progress.close()
         save_kept_model(run, state, stopping, paths)
@@ -201,7 +204,7 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
         elif p.save_every_steps and state.step % p.save_every_steps == 0:
             save_checkpoint(accelerator, paths.checkpoints, state, p.save_total_limit)
         tick = time.perf_counter()
-        if last or stopping.should_stop:
+        if last or stopping.should_stop or run.pruned:
             break
 
 
@@ -235,6 +238,8 @@ def evaluate_and_keep(run: Run, state: RunState, stopping: EarlyStopping, logs: 
     if about is not None:
         state.collapsed[str(entry[unit])] = about
     logs.log_evaluation(entry)
+    pruned = [run.trial is not None and run.trial.report(validation, entry[unit])]  # a search's pruner (tools.tune)
+    run.pruned = broadcast_object_list(pruned)[0]
     if improved or not p.keep_best:
         save_model(run.accelerator, run.model, run.tokenizer, run.task, paths.checkpoints / "best")
     save_checkpoint(run.accelerator, paths.checkpoints, state, p.save_total_limit)
@@ -281,7 +286,7 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
     ``final_loss`` (mean train loss since the second-to-last evaluation: over the last epoch by default),
     ``mean_loss`` (over all steps), ``steps`` (optimizer steps), ``epochs`` (epochs run, the last maybe in part),
     ``evaluations`` (validations run), ``best_epoch``, ``best_step`` and ``best_validation_<metric>`` (the kept
-    evaluation ``kept``, by ``metric_for_best``), ``stopped_early``, ``resumed_from_step`` (0: a fresh run),
+    evaluation ``kept``, by ``metric_for_best``), ``stopped_early``, ``pruned`` (a search's pruner stopped the run: ``finetune.trial``), ``resumed_from_step`` (0: a fresh run),
     ``train_samples`` (examples seen), ``train_seconds`` (wall seconds of the optimisation steps, validation and
     checkpoints excluded), ``samples_per_second`` (train samples/s), ``wall_seconds`` (the whole call: loading,
     training, validation, saving), ``peak_memory_mb`` (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``),
@@ -304,6 +309,7 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
         "best_step": kept["step"],
         f"best_validation_{run.metric_for_best}": round(kept[f"validation/{run.metric_for_best}"], 4),
         "stopped_early": stopping.should_stop and state.step < run.schedule.total_steps,
+        "pruned": run.pruned,
         "resumed_from_step": run.resumed_from,
         "train_samples": state.samples,
         "train_seconds": round(state.train_seconds, 1),

@@ -53,7 +53,7 @@ def test_seeds_of_another_task_are_summarised_by_its_own_metrics():
                        "validation.spearmanr": [0.79, 0.83, 0.85], "validation.examples": [1500] * 3},
                       index=pd.Index(["a-42", "a-1", "b-42"], name="Experiment"))
     assert metric_columns(df) == ["validation.pearson", "validation.spearmanr", "best_epoch", "best_step", "epochs",
-                                  "train_seconds", "wall_seconds"]
+                                  "pruned", "train_seconds", "wall_seconds"]
     best, other = summarize(df)[0]  # best mean validation Pearson first: STS-B has no F1
     assert best["params"] == {"train.lr": 3e-5} and other["validation.pearson"]["mean"] == pytest.approx(0.82)
 

@@ -10,6 +10,7 @@ exactly the recipe, whatever ran before.
     python -m tools.recipe rte                              # print the command
     python -m tools.recipe rte --run                        # run it (seed of the recipe)
     python -m tools.recipe rte --seeds 42 1 2 --queue --run # queue three seeds; then `dvc queue start`
+    python -m tools.recipe metrics/search/rte/recipe.yaml   # the best configuration of a search (tools.tune)
 
 Where each recipe came from: metrics/tasks/README.md, "Per-task recipes".
 """
@@ -42,13 +43,18 @@ def read_yaml(text: str, source: str) -> dict:
     return raw
 
 
+def recipe_path(task: str, recipes: Path = RECIPES) -> Path:
+    """``configs/tasks/<task>.yaml``, or ``task`` itself when it names a YAML file (a search's recipe.yaml)."""
+    return Path(task) if task.endswith((".yaml", ".yml")) else recipes / f"{task}.yaml"
+
+
 def load_recipe(task: str, recipes: Path = RECIPES) -> dict:
-    """The recipe of ``task`` (``configs/tasks/<task>.yaml``) as ``{"section": {"key": value}}``.
+    """The recipe of ``task`` (``recipe_path``) as ``{"section": {"key": value}}``.
 
     Raises:
         ParamsError: no such recipe (the message lists those there), or it is not a params mapping.
     """
-    path = recipes / f"{task}.yaml"
+    path = recipe_path(task, recipes)
     if not path.is_file():
         known = sorted(p.stem for p in recipes.glob("*.yaml"))
         raise ParamsError(f"{path}: no recipe for {task!r}; recipes: {', '.join(known) or 'none'}")
@@ -100,11 +106,12 @@ def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) 
     """One `dvc exp run` argv per seed (the recipe's own seed when ``seeds`` is None)."""
     recipe = load_recipe(task)
     pairs = set_params(recipe, committed_params(), read_yaml(Path(PARAMS_FILE).read_text(), PARAMS_FILE),
-                       source=str(RECIPES / f"{task}.yaml"))
+                       source=str(recipe_path(task)))
     runs = []
     for seed in seeds or [None]:
         argv = ["dvc", "exp", "run", *(["--queue"] if queue else [])]
-        run_name = name or f"{task}-recipe"
+        path = recipe_path(task)
+        run_name = name or f"{path.parent.name if path.name == 'recipe.yaml' else path.stem}-recipe"
         argv += ["-n", f"{run_name}-s{seed}" if seed is not None else run_name]
         for pair in pairs:
             if seed is None or not pair.startswith("train.seed="):
@@ -117,7 +124,8 @@ def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", help="a recipe in configs/tasks/ (rte, cola, stsb, sst2, wnli)")
+    parser.add_argument("task", help="a recipe in configs/tasks/ (rte, cola, stsb, sst2, wnli), or a recipe file "
+                        "(a search's metrics/search/<study>/recipe.yaml)")
     parser.add_argument("--seeds", type=int, nargs="+", help="one experiment per seed (default: the recipe's)")
     parser.add_argument("--queue", action="store_true", help="dvc exp run --queue (then: dvc queue start)")
     parser.add_argument("--name", help="experiment name (default <task>-recipe, -s<seed> per seed)")

@@ -29,7 +29,8 @@ IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_th
                   # (i20-a*). Names only train.json has come bare from `dvc exp show` (no `params.yaml:` prefix to
                   # strip), so without these the per-seed losses would count as params and split each configuration.
                   "distill.final_hard_loss", "distill.final_soft_loss", "distill.teacher_model_type"}
-RUN_METRICS = ["best_epoch", "best_step", "epochs", "train_seconds", "wall_seconds"]
+# pruned: a search's pruner stopped the run (tools.tune); summarised as the share of the seeds pruned
+RUN_METRICS = ["best_epoch", "best_step", "epochs", "pruned", "train_seconds", "wall_seconds"]
 PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.", "distill.")
 # eval.json's collapse check (finetune/collapse.py): the constant baseline and the predictions' shape, not metrics
 CHECK_FIELDS = ("baseline.", "most_predicted.", "collapsed")

@@ -1,0 +1,100 @@
+"""The training loop's one hook for a hyperparameter search: report each validation to the running Optuna trial
+and ask whether to stop (prune). A no-op when no search runs.
+
+``tools.tune`` runs each trial as a `dvc exp run`; for the run whose validations may prune the trial it sets
+``$FINETUNE_TRIAL`` to ``{"storage": ..., "study": ..., "trial_id": ...}`` (``trial_env``). The train stage finds it
+with ``trial_from_env`` and reports after every evaluation: Optuna's pruner (``MedianPruner`` by default) compares the
+value with earlier trials' at the same epoch (or optimizer step, with ``train.eval_every_steps``). See Optuna's
+"Efficient Optimization Algorithms" tutorial (https://optuna.readthedocs.io/en/stable/tutorial/10_key_features/003_efficient_optimization_algorithms.html).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+TRIAL_ENV = "FINETUNE_TRIAL"
+
+
+def open_storage(url: str, heartbeat_seconds: int | None = None, grace_seconds: int | None = None):
+    """Optuna's ``RDBStorage`` at database ``url``: ``sqlite:///<absolute path>`` (one machine, several processes, as in
+    Optuna's "Easy Parallelization" tutorial), ``postgresql://…`` or ``mysql://…`` (many machines).
+
+    ``heartbeat_seconds``/``grace_seconds``: the worker's heartbeat; a trial whose worker went silent for
+    ``grace_seconds`` (killed) is failed and retried once (``optuna.storages.RetryFailedTrialCallback``) when a
+    worker next starts a trial. None: no heartbeat (the train stage's hook only reports).
+    """
+    import optuna
+    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if heartbeat_seconds is None:
+        return RDBStorage(url)
+    return RDBStorage(url, heartbeat_interval=heartbeat_seconds, grace_period=grace_seconds,
+                      failed_trial_callback=RetryFailedTrialCallback(max_retry=1))
+
+
+def make_pruner(prune_after_trials: int | None, prune_from: int = 1):
+    """Optuna's ``MedianPruner``: from the ``prune_from``-th epoch (or step) on, stop a trial whose value is worse
+    than the median of the complete trials' at the same point, once ``prune_after_trials`` trials are complete;
+    ``NopPruner`` (never) when ``prune_after_trials`` is None. Optuna keeps no pruner in its storage, so the search
+    and the train stage's hook each build it from these two numbers."""
+    import optuna
+
+    if prune_after_trials is None:
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.MedianPruner(n_startup_trials=prune_after_trials, n_warmup_steps=prune_from)
+
+
+def trial_env(storage: str, study: str, trial_id: int, prune_after_trials: int | None = None,
+              prune_from: int = 1) -> dict[str, str]:
+    """The environment variable that makes the train stage report to trial ``trial_id`` of ``study``, pruned by
+    ``make_pruner(prune_after_trials, prune_from)``."""
+    return {TRIAL_ENV: json.dumps({"storage": storage, "study": study, "trial_id": trial_id,
+                                   "prune_after_trials": prune_after_trials, "prune_from": prune_from})}
+
+
+@dataclass
+class TrialReport:
+    """Reports validations of this run to one Optuna trial (``optuna.trial.Trial.report``) and says whether the
+    pruner stops it (``should_prune``)."""
+
+    trial: object  # optuna.trial.Trial
+    metric: str
+
+    def report(self, validation: dict[str, float], point: int) -> bool:
+        """Report ``validation[metric]`` of the evaluation at ``point`` (epoch, or optimizer step); True: prune now."""
+        self.trial.report(validation[self.metric], point)
+        if self.trial.should_prune():
+            log.warning("Search: trial %d pruned at %d: validation %s %.4f is below the median of earlier trials "
+                        "there (Optuna's pruner); the run stops, keeping what it ran", self.trial.number, point,
+                        self.metric, validation[self.metric])
+            return True
+        return False
+
+
+def trial_from_env(metric: str) -> TrialReport | None:
+    """The trial named by ``$FINETUNE_TRIAL``, reporting ``metric`` (the run's ``metric_for_best``); None when the
+    variable is unset: no search runs and nothing of Optuna is imported.
+
+    Raises:
+        ValueError: the variable is set but not the JSON ``trial_env`` writes (the message names it).
+    """
+    raw = os.environ.get(TRIAL_ENV)
+    if not raw:
+        return None
+    try:
+        where = json.loads(raw)
+        storage, study_name, trial_id = where["storage"], where["study"], int(where["trial_id"])
+        pruner = make_pruner(where.get("prune_after_trials"), where.get("prune_from", 1))
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"${TRIAL_ENV}: expected JSON with storage, study and trial_id, got {raw!r}") from err
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=open_storage(storage), pruner=pruner)
+    log.info("Search: reporting validation %s to trial %s of study %s", metric, trial_id, study_name)
+    return TrialReport(optuna.trial.Trial(study, trial_id), metric)

@@ -1,0 +1,221 @@
+"""The search (tools.tune): bad search spaces stop before any trial, the loop's hook reports to a trial and its
+pruner stops the run, and, end to end in a temp git repo with tiny params, a study whose trials are DVC experiments:
+its report and recipe, two workers on one storage, a kill and a resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from datasets import Dataset
+
+from finetune import training
+from finetune.errors import ParamsError
+from finetune.params import validate_params
+from finetune.trial import open_storage, trial_env
+from finetune.training import train
+from tests.helpers import (FEATURES, dvc, exp_show, make_project, make_split, project_env, python, run, start,
+                           tiny_params, write_hub_folder)
+from tools.recipe import load_recipe
+from tools.search_space import load_space
+
+PARAMS = tiny_params().model_dump()
+COMMITTED = yaml.safe_load(Path("params.yaml").read_text())
+
+
+def space_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, says", [
+    ("space:\n  train.learning_rate: {low: 1.0e-5, high: 1.0e-4}\n", "train.learning_rate: not a key of params.yaml"),
+    ("space:\n  trainer.lr: {low: 1.0e-5, high: 1.0e-4}\n", "trainer.lr: not a key of params.yaml"),
+    ("space:\n  train.lr: {low: 1.0e-4, high: 1.0e-4}\n", "train.lr: empty range"),
+    ("space:\n  train.warmup_ratio: {low: 0.0, high: 0.1, log: true}\n", "train.warmup_ratio: a log range must stay"),
+    ("space:\n  train.batch_size: {low: 0.5, high: 8.0}\n", "train.batch_size: 0.5 is not a valid value"),
+    ("space:\n  train.scheduler: {choices: [linear, bogus]}\n", "train.scheduler: 'bogus' is not a valid value"),
+    ("space:\n  train.lr: {low: small, high: 1.0e-4}\n", "train.lr: low and high must be numbers"),
+    ("space:\n  train.scheduler: {choices: []}\n", "train.scheduler: choices must be a non-empty list"),
+    ("space:\n  train.lr: [1.0e-5, 1.0e-4]\n", "train.lr: expected {low: …, high: …}"),
+    ("space:\n  train.lr: {low: 1.0e-5, high: 1.0e-4, scale: log}\n", "train.lr: a range has low, high"),
+    ("fixed:\n  train.epochs: 0\nspace:\n  train.lr: {low: 1.0e-5, high: 1.0e-4}\n", "train.epochs"),
+    ("space: {}\n", "nothing to search"),
+    ("spaces:\n  train.lr: {low: 1.0e-5, high: 1.0e-4}\n", "expected a mapping with `space:`"),
+])
+def test_bad_search_space_stops_with_one_line_naming_file_and_key(tmp_path, text, says):
+    path = space_file(tmp_path, text)
+    with pytest.raises(ParamsError) as err:
+        load_space(path, COMMITTED)
+    message = str(err.value)
+    assert str(path) in message and says in message and len(message.splitlines()) == 1, message
+
+
+def test_search_space_samples_each_kind():
+    space = load_space("configs/search/rte.yaml", COMMITTED)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    values = space.sample(study.ask())
+    assert 5e-6 <= values["train.lr"] <= 2e-4 and isinstance(values["train.epochs"], int)
+    assert values["train.batch_size"] in (8, 16, 32) and values["model.pooling"] in ("cls", "mean")
+    assert space.fixed == {"data.config": "rte"}
+
+
+def test_every_shipped_space_is_valid():
+    for path in Path("configs/search").glob("*.yaml"):
+        load_space(path, COMMITTED)
+
+
+def test_pruner_stops_the_run_and_train_json_says_so(tiny_project, tmp_path, monkeypatch):
+    # three finished trials that scored 2.0 at every epoch: any F1 is below their median from epoch 1
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(storage), direction="maximize")
+    for _ in range(3):
+        study.add_trial(optuna.trial.create_trial(value=1.0, intermediate_values={1: 2.0, 2: 2.0, 3: 2.0}))
+    trial = study.ask()
+    monkeypatch.setenv(*trial_env(storage, "s", trial._trial_id, prune_after_trials=3, prune_from=1).popitem())
+    paths = tiny_project(params=tiny_params(train={"epochs": 3}))
+    metrics = train(tiny_params(train={"epochs": 3}), paths)
+    assert metrics["pruned"] and metrics["epochs"] == 1 and metrics["steps"] == 5 and not metrics["stopped_early"]
+    reported = optuna.load_study(study_name="s", storage=storage).trials[-1].intermediate_values
+    assert list(reported) == [1] and 0 <= reported[1] < 1  # the main metric (f1) of epoch 1
+    assert (paths.trained / "model.safetensors").exists()  # the model of the epochs it ran is kept
+
+
+def test_without_a_study_the_hook_does_nothing(tiny_project, monkeypatch):
+    monkeypatch.delenv("FINETUNE_TRIAL", raising=False)
+    assert training.trial_from_env("f1") is None
+    metrics = train(tiny_params(), tiny_project())
+    assert metrics["pruned"] is False and metrics["epochs"] == 2
+
+
+# --- end to end: trials as DVC experiments ----------------------------------------------------------------------
+
+SPACE = """fixed:
+  train.warmup_steps: 1
+space:
+  train.lr: {low: 8.0e-3, high: 2.0e-2, log: true}
+  train.scheduler: {choices: [linear, constant]}
+"""
+
+
+def learnable(n: int, seed: int) -> Dataset:
+    """``make_split`` rows whose label is in the punctuation (1: sentence2 ends in "!"): the tiny model learns it in
+    a few epochs at lr 1e-2, where the made-up paraphrases leave it collapsed."""
+    df = make_split(n, seed).to_pandas()
+    df["sentence2"] = [s.rstrip(".!") + ("!" if label else ".") for s, label in zip(df["sentence2"], df["label"])]
+    return Dataset.from_pandas(df, features=FEATURES, preserve_index=False)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, tiny_checkpoint) -> Path:
+    """A committed tiny project whose pipeline ran up to the teacher stage on the splits a trial evaluates, so a
+    trial runs train and evaluate only: 80 learnable train rows, 4 epochs of 10 steps."""
+    splits = {"train": learnable(80, 0), "validation": learnable(21, 1), "test": learnable(19, 2)}
+    glue = write_hub_folder(tmp_path_factory.mktemp("hub") / "glue", splits)
+    params = tiny_params(data={"dataset": str(glue), "local_copy": None}, model={"checkpoint": str(tiny_checkpoint)},
+                         train={"epochs": 4, "accelerate_config": "configs/accelerate/default.yaml"},
+                         evaluate={"splits": ["validation"]})
+    root = make_project(tmp_path_factory.mktemp("tune") / "project", params, code=True).root
+    (root / "configs/search").mkdir(parents=True, exist_ok=True)
+    (root / "configs/search/tiny.yaml").write_text(SPACE)
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
+        run(cmd, root)
+    run(dvc("repro", "teacher"), root)
+    run(["git", "add", "-A"], root)
+    run(["git", "commit", "-qm", "repro"], root)
+    return root
+
+
+def tune(*args: str) -> list[str]:
+    return python("-m", "tools.tune", "--space", "configs/search/tiny.yaml", "--random-trials", "2",
+                  "--prune-after-trials", "2", *args)
+
+
+def load(root: Path, name: str = "tiny") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{root / '.tune/studies.db'}")
+
+
+@pytest.mark.e2e
+def test_study_runs_trials_as_experiments_and_reports(project):
+    out = run(tune("--trials", "3"), project)
+    study = load(project)
+    assert len(study.trials) == 3 and "COMPLETE" in {t.state.name for t in study.trials}, out
+    shown = exp_show(project)
+    for trial in study.trials:
+        # every trial is an experiment: its sampled params are the experiment's, and what the trial recorded is the
+        # experiment's validation f1 (its value, unless a collapse failed it)
+        data, seed = shown[f"tiny-{trial.number}"], trial.user_attrs["seed_7"]
+        train_params = data["params"]["params.yaml"]["data"]["train"]
+        assert train_params["lr"] == pytest.approx(trial.params["train.lr"])
+        assert train_params["scheduler"] == trial.params["train.scheduler"] and train_params["warmup_steps"] == 1
+        assert data["metrics"]["metrics/eval.json"]["data"]["validation"]["f1"] == pytest.approx(seed["value"])
+        assert "test" not in data["metrics"]["metrics/eval.json"]["data"]  # the search never reads test
+        assert {"COMPLETE": trial.value == seed["value"], "PRUNED": seed["pruned"],
+                "FAIL": "collapsed" in trial.user_attrs.get("fail_reason", "")}[trial.state.name]
+    report = project / "metrics/search/tiny"
+    table = (report / "trials.md").read_text()
+    assert "| trial | state | train.lr | train.scheduler | seed 7 | mean f1 | train s | note |" in table
+    summary = json.loads((report / "trials.json").read_text())["summary"]
+    assert summary["trials"] == 3 and summary["metric"] == "validation.f1" and summary["direction"] == "maximize"
+    assert (report / "history.png").stat().st_size > 0 and (report / "importances.png").stat().st_size > 0
+    recipe = load_recipe(str(report / "recipe.yaml"))
+    assert recipe["train"]["lr"] == pytest.approx(study.best_params["train.lr"]) and recipe["train"]["warmup_steps"] == 1
+    base = yaml.safe_load((project / "params.yaml").read_text())
+    validate_params({s: {**base[s], **recipe.get(s, {})} for s in base}, "recipe")
+    # the same command again: the study is complete, nothing runs, the report is rewritten
+    again = run(tune("--trials", "3"), project)
+    assert "dvc exp run" not in again and len(load(project).trials) == 3
+
+
+@pytest.mark.e2e
+def test_two_workers_share_one_study(project):
+    args = tune("--study", "pair", "--trials", "2", "--pruner", "none")
+    workers = [start(args, project) for _ in range(2)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), outputs
+    study = load(project, "pair")
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    # --trials 2: a worker checks the count when its trial ends, so the other may already have started a third
+    # (Optuna's MaxTrialsCallback with parallel workers)
+    assert 2 <= len(study.trials) <= 3, [t.state.name for t in study.trials]
+    workers_seen = {t.user_attrs["worker"] for t in study.trials}
+    assert len(workers_seen) == 2  # both ran trials
+    ran = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
+    run_configs = [tuple(sorted(t.params.items())) for t in ran]
+    assert len(run_configs) == len(set(run_configs))  # no configuration ran twice
+    assert {f"pair-{t.number}" for t in ran} <= set(exp_show(project))
+
+
+@pytest.mark.e2e
+def test_killed_search_resumes_and_retries_the_interrupted_trial(project):
+    args = tune("--study", "killed", "--trials", "2", "--heartbeat", "1", "--grace", "2")
+    worker = subprocess.Popen(args, cwd=project, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, env=project_env())
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until trial 0's experiment is training
+        if (project / ".tune/logs/killed-0.log").exists() and \
+                "Running stage 'train'" in (project / ".tune/logs/killed-0.log").read_text():
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("trial 0 never reached the train stage")
+    os.killpg(worker.pid, signal.SIGKILL)  # the whole search, its dvc exp run included: no clean-up at all
+    worker.wait()
+    assert [t.state.name for t in load(project, "killed").trials] == ["RUNNING"]
+    time.sleep(3)  # longer than --grace: the dead worker's trial is stale
+    out = run(args, project)
+    trials = load(project, "killed").trials
+    assert trials[0].state.name == "FAIL", out
+    retried = [t for t in trials if optuna.storages.RetryFailedTrialCallback.retried_trial_number(t) == 0]
+    assert len(retried) == 1 and retried[0].params == trials[0].params and retried[0].state.name != "RUNNING"
+    assert len(trials) == 2  # --trials counts the failed one
+    assert "retry of trial 0" in (project / "metrics/search/killed/trials.md").read_text()

@@ -1,0 +1,240 @@
+"""Hyperparameter search: an Optuna study whose every trial is a DVC experiment of the unchanged pipeline.
+
+Not a pipeline stage. Each trial samples a configuration from a search space (``tools.search_space``) and runs
+`dvc exp run --temp -n <study>-<n>` per seed, up to the evaluate stage, on validation only: trials show in
+`dvc exp show`, `dvc metrics diff`, `dvc exp apply/branch` and ``tools.summarize`` like any run, and, run in a
+temporary copy, see only what git tracks. The objective is the mean over ``--seeds`` of the validation metric that
+picks the best evaluation (``train.metric_for_best``: the task's main metric; loss and MSE minimised). A collapsed
+seed (the collapse check) fails the configuration. Optuna's TPE sampler proposes, its MedianPruner stops a trial whose
+first seed falls below the median of earlier trials at the same epoch (``finetune.trial``, the loop's one hook), and
+its storage holds the study: killed, the same command resumes it; two processes (or machines, given one database
+``--storage``) share it. See docs/search.md.
+
+    python -m tools.tune --space configs/search/rte.yaml --trials 20              # study "rte", trials rte-0, rte-1…
+    python -m tools.tune --space configs/search/rte.yaml --trials 20 --seeds 42 1 2
+    python -m tools.tune --space configs/search/rte.yaml --report                 # rewrite the report only
+
+Writes ``metrics/search/<study>/``: trials.md (a table), trials.json, recipe.yaml (the best configuration; run it
+with ``python -m tools.recipe metrics/search/<study>/recipe.yaml``), history.png and importances.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+
+from finetune.errors import ParamsError
+from finetune.params import PARAMS_FILE
+from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
+from finetune.trial import make_pruner, open_storage, trial_env
+from tools.recipe import committed_params, flow, read_yaml, set_params
+from tools.search_space import SearchSpace, load_space, nested
+from tools.tune_report import experiment_result, write_report
+
+log = logging.getLogger("tools.tune")
+
+TUNE_DIR = Path(".tune")  # the default storage and the trials' logs; git-ignored
+REPORTS = Path("metrics/search")
+MAX_FAILURES_IN_A_ROW = 3
+
+
+class TrialFailed(Exception):
+    """A configuration failed: its `dvc exp run` exited non-zero, or one of its seeds collapsed."""
+
+
+def failed(trial: optuna.Trial, reason: str) -> TrialFailed:
+    """``TrialFailed(reason)``, the reason kept in the trial (user attribute ``fail_reason``) for the report."""
+    trial.set_user_attr("fail_reason", reason)
+    return TrialFailed(reason)
+
+
+def objective_metric(params: dict, metric: str | None) -> tuple[str, str]:
+    """``(metric, direction)`` of the study: ``metric`` if given, else ``train.metric_for_best`` or the task's main
+    metric, from the GLUE config or, for own data, the prepared data's task.json (after `dvc repro download`).
+
+    Raises:
+        SystemExit: own data not prepared yet and no ``--metric``.
+    """
+    data, choice = params["data"], metric or params["train"].get("metric_for_best")
+    if choice is None and data.get("files") is None and data.get("config") in GLUE_TASKS:
+        choice = glue_task(data["config"]).metrics[0]
+    if choice is None and Path("data/raw/task.json").is_file():
+        choice = Task.load("data/raw").metrics[0]
+    if choice is None:
+        raise SystemExit("tools.tune: own data: run `dvc repro download` first (its task names the metric), "
+                         "or pass --metric")
+    return choice, "minimize" if choice in LOWER_IS_BETTER else "maximize"
+
+
+def experiment_name(study: str, number: int, seed: int, seeds: list[int]) -> str:
+    return f"{study}-{number}" if len(seeds) == 1 else f"{study}-{number}-s{seed}"
+
+
+class Objective:
+    """Runs one trial: its configuration as `dvc exp run --temp` per seed; returns the mean validation metric."""
+
+    def __init__(self, args: argparse.Namespace, space: SearchSpace, metric: str):
+        self.args, self.space, self.metric = args, space, metric
+        self.committed = committed_params()
+        self.workspace = read_yaml(Path(PARAMS_FILE).read_text(), str(PARAMS_FILE))
+        self.head = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True,
+                                   text=True).stdout.strip()
+        self.failures = 0
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        values = self.space.sample(trial)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        same = duplicate_of(trial)
+        if same is not None:
+            trial.set_user_attr("duplicate_of", same.number)
+            if same.state == optuna.trial.TrialState.COMPLETE:
+                log.info("Trial %d: the configuration of trial %d, already scored: its value, not run again",
+                         trial.number, same.number)
+                return same.value
+            raise optuna.TrialPruned(f"the configuration of trial {same.number} ({same.state.name}), not run twice")
+        pairs = set_params(nested({**self.space.fixed, **values}), self.committed, self.workspace,
+                           source=self.space.source)
+        pairs = [p for p in pairs if not p.startswith(("train.seed=", "evaluate.splits="))]
+        scores = []
+        for i, seed in enumerate(self.args.seeds):
+            name = experiment_name(trial.study.study_name, trial.number, seed, self.args.seeds)
+            result = self.run_seed(trial, name, pairs, seed, report=i == 0 and self.args.prune_after_trials is not None)
+            trial.set_user_attr(f"seed_{seed}", result)
+            if result["pruned"]:
+                raise optuna.TrialPruned(f"seed {seed} pruned at epoch {result['epochs']}")
+            if result["collapsed"]:
+                raise failed(trial, f"seed {seed} collapsed (the collapse check on validation): the configuration "
+                                    "fails, a lucky seed does not rescue it")
+            scores.append(result["value"])
+        self.failures = 0
+        return sum(scores) / len(scores)
+
+    def run_seed(self, trial: optuna.Trial, name: str, pairs: list[str], seed: int, report: bool) -> dict:
+        """`dvc exp run --temp` of one seed up to the evaluate stage; its result (``experiment_result``)."""
+        argv = ["dvc", "exp", "run", "--temp", "-n", name, *[a for pair in pairs for a in ("-S", pair)],
+                "-S", f"train.seed={seed}", "-S", f"evaluate.splits={flow(['validation'])}", self.args.target]
+        # trial._trial_id: the storage's id of the trial (Optuna has no public name for it)
+        env = {**os.environ, **(trial_env(self.args.storage, trial.study.study_name, trial._trial_id,
+                                          self.args.prune_after_trials, self.args.prune_from) if report else {})}
+        logfile = TUNE_DIR / "logs" / f"{name}.log"
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        log.info("Trial %d: %s (log: %s)", trial.number, " ".join(argv), logfile)
+        start = time.perf_counter()
+        with open(logfile, "w") as out:
+            code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        if code != 0:
+            self.failures += 1
+            tail = "".join(logfile.read_text().splitlines(keepends=True)[-15:])
+            log.error("Trial %d: %s failed (exit %d); the last lines of %s:\n%s", trial.number, name, code, logfile,
+                      tail)
+            if self.failures >= MAX_FAILURES_IN_A_ROW:
+                raise SystemExit(f"tools.tune: {self.failures} trials failed in a row; see {logfile}")
+            raise failed(trial, f"{name}: dvc exp run exited {code} (log {logfile})")
+        result = experiment_result(self.head, name, self.metric)
+        result["wall_seconds"] = round(time.perf_counter() - start, 1)
+        log.info("Trial %d: %s validation %s %.4f%s (train %.0f s)", trial.number, name, self.metric,
+                 result["value"], " PRUNED" if result["pruned"] else "", result["train_seconds"])
+        return result
+
+
+def duplicate_of(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
+    """An earlier trial of the study with the same configuration (complete, running elsewhere or pruned), if any:
+    Optuna's samplers can propose one twice, and two workers could run it twice."""
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.PRUNED)
+    for other in trial.study.get_trials(deepcopy=False, states=states):
+        if other.number < trial.number and other.params == trial.params \
+                and "duplicate_of" not in other.user_attrs:
+            return other
+    return None
+
+
+def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
+    """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none)."""
+    storage = open_storage(args.storage, args.heartbeat, args.grace)
+    sampler = optuna.samplers.TPESampler(n_startup_trials=args.random_trials, seed=args.sampler_seed)
+    return optuna.create_study(study_name=args.study, storage=storage, direction=direction, sampler=sampler,
+                               pruner=make_pruner(args.prune_after_trials, args.prune_from), load_if_exists=True)
+
+
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+def finished(study: optuna.Study) -> int:
+    """Trials finished, complete, pruned or failed (``--trials`` counts these: a search of failing configurations
+    ends too)."""
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--space", required=True, help="the search space, e.g. configs/search/rte.yaml")
+    parser.add_argument("--trials", type=int, default=20, help="trials of the study that finish (complete, pruned "
+                        "or failed), all workers together")
+    parser.add_argument("--study", help="the study's name, prefix of its experiments' (default: the space's name)")
+    parser.add_argument("--storage", help="an Optuna database URL shared by workers, e.g. postgresql://user@host/db "
+                        f"(default: sqlite under {TUNE_DIR}/)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="score a configuration by the mean over these "
+                        "train.seed values, one experiment each (default: params.yaml's train.seed)")
+    parser.add_argument("--metric", help="the validation metric (default: train.metric_for_best, the task's main one)")
+    parser.add_argument("--pruner", choices=["median", "none"], default="median")
+    parser.add_argument("--prune-from", type=int, default=2,
+                        help="the first epoch (or step, with train.eval_every_steps) at which a trial may be pruned")
+    parser.add_argument("--prune-after-trials", type=int, default=3, help="complete trials before pruning starts")
+    parser.add_argument("--random-trials", type=int, default=5, help="random trials before TPE models the results")
+    parser.add_argument("--sampler-seed", type=int, help="the sampler's seed: a one-worker study proposes the same "
+                        "configurations again (default: none; workers sharing a study need different seeds, or none)")
+    parser.add_argument("--timeout", type=float, help="start no trial after this many seconds (Optuna's timeout)")
+    parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a worker's heartbeats")
+    parser.add_argument("--grace", type=int, default=180, help="a trial whose worker is silent this many seconds "
+                        "(killed) is failed and retried once")
+    parser.add_argument("--target", default="evaluate", help="the stage each experiment runs up to")
+    parser.add_argument("--report", action="store_true", help="only rewrite the report of the study")
+    args = parser.parse_args(argv)
+    args.study = args.study or Path(args.space).stem
+    args.prune_after_trials = None if args.pruner == "none" else args.prune_after_trials
+    args.storage = args.storage or f"sqlite:///{(TUNE_DIR / 'studies.db').resolve()}"
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    TUNE_DIR.mkdir(exist_ok=True)
+    params = read_yaml(Path(PARAMS_FILE).read_text(), str(PARAMS_FILE))
+    try:
+        space = load_space(args.space, params)
+    except ParamsError as err:
+        raise SystemExit(f"tools.tune: {err}") from None
+    args.seeds = args.seeds or [params["train"]["seed"]]
+    metric, direction = objective_metric({**params, **{s: {**params[s], **v} for s, v in nested(space.fixed).items()}},
+                                         args.metric)
+    study = make_study(args, direction)
+    study.set_metric_names([f"validation.{metric}"])
+    study.set_user_attr("space", {"file": space.source, "fixed": space.fixed, "space": space.space})
+    study.set_user_attr("seeds", args.seeds)
+    out = REPORTS / args.study
+    if not args.report and finished(study) < args.trials:
+        log.info("Study %s (%s, %s validation.%s): %d of %d trials finished; storage %s", args.study,
+                 direction, "mean over seeds " + " ".join(map(str, args.seeds)), metric, finished(study), args.trials,
+                 args.storage)
+        stop = optuna.study.MaxTrialsCallback(args.trials, states=FINISHED)
+        try:
+            study.optimize(Objective(args, space, metric), callbacks=[stop], timeout=args.timeout,
+                           catch=(TrialFailed,), gc_after_trial=False)
+        except KeyboardInterrupt:
+            log.warning("Interrupted: the running trial is marked FAIL and not retried; the same command continues "
+                        "the study")
+            sys.exit(130)
+    write_report(study, space, metric, out)
+
+
+if __name__ == "__main__":
+    main()
