@@ -25,17 +25,20 @@ def open_storage(url: str, heartbeat_seconds: int | None = None, grace_seconds: 
     Optuna's "Easy Parallelization" tutorial), ``postgresql://…`` or ``mysql://…`` (many machines).
 
     ``heartbeat_seconds``/``grace_seconds``: the worker's heartbeat; a trial whose worker went silent for
-    ``grace_seconds`` (killed) is failed and retried once (``optuna.storages.RetryFailedTrialCallback``) when a
+    ``grace_seconds`` (killed) is failed and retried once (``optuna.storages.RetryHeartbeatStaleTrialCallback``) when a
     worker next starts a trial. None: no heartbeat (the train stage's hook only reports).
     """
+    import warnings
+
     import optuna
-    from optuna.storages import RDBStorage, RetryFailedTrialCallback
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeats, metric names
     if heartbeat_seconds is None:
         return RDBStorage(url)
     return RDBStorage(url, heartbeat_interval=heartbeat_seconds, grace_period=grace_seconds,
-                      failed_trial_callback=RetryFailedTrialCallback(max_retry=1))
+                      heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
 
 
 def make_pruner(prune_after_trials: int | None, prune_from: int = 1):

@@ -215,7 +215,7 @@ def test_killed_search_resumes_and_retries_the_interrupted_trial(project):
     out = run(args, project)
     trials = load(project, "killed").trials
     assert trials[0].state.name == "FAIL", out
-    retried = [t for t in trials if optuna.storages.RetryFailedTrialCallback.retried_trial_number(t) == 0]
+    retried = [t for t in trials if optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == 0]
     assert len(retried) == 1 and retried[0].params == trials[0].params and retried[0].state.name != "RUNNING"
     assert len(trials) == 2  # --trials counts the failed one
     assert "retry of trial 0" in (project / "metrics/search/killed/trials.md").read_text()

@@ -44,6 +44,7 @@ log = logging.getLogger("tools.tune")
 TUNE_DIR = Path(".tune")  # the default storage and the trials' logs; git-ignored
 REPORTS = Path("metrics/search")
 MAX_FAILURES_IN_A_ROW = 3
+BIN = Path(sys.executable).parent  # this environment's dvc, python and accelerate, activated or not
 
 
 class TrialFailed(Exception):
@@ -119,11 +120,12 @@ class Objective:
 
     def run_seed(self, trial: optuna.Trial, name: str, pairs: list[str], seed: int, report: bool) -> dict:
         """`dvc exp run --temp` of one seed up to the evaluate stage; its result (``experiment_result``)."""
-        argv = ["dvc", "exp", "run", "--temp", "-n", name, *[a for pair in pairs for a in ("-S", pair)],
+        argv = [str(BIN / "dvc"), "exp", "run", "--temp", "-n", name, *[a for pair in pairs for a in ("-S", pair)],
                 "-S", f"train.seed={seed}", "-S", f"evaluate.splits={flow(['validation'])}", self.args.target]
         # trial._trial_id: the storage's id of the trial (Optuna has no public name for it)
-        env = {**os.environ, **(trial_env(self.args.storage, trial.study.study_name, trial._trial_id,
-                                          self.args.prune_after_trials, self.args.prune_from) if report else {})}
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # the stages' python: this one
+               **(trial_env(self.args.storage, trial.study.study_name, trial._trial_id,
+                            self.args.prune_after_trials, self.args.prune_from) if report else {})}
         logfile = TUNE_DIR / "logs" / f"{name}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
         log.info("Trial %d: %s (log: %s)", trial.number, " ".join(argv), logfile)

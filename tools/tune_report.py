@@ -57,7 +57,7 @@ def trial_rows(study: optuna.Study, seeds: list[int]) -> list[dict]:
     rows = []
     for trial in study.get_trials(deepcopy=False):
         runs = [trial.user_attrs[f"seed_{seed}"] for seed in seeds if f"seed_{seed}" in trial.user_attrs]
-        retry_of = optuna.storages.RetryFailedTrialCallback.retried_trial_number(trial)
+        retry_of = optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
         note = ("; ".join(filter(None, [
             f"pruned at epoch {runs[-1]['epochs']} of {runs[-1]['planned_epochs']}" if runs and runs[-1]["pruned"]
             else "", trial.user_attrs.get("fail_reason", ""),
