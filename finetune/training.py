@@ -6,8 +6,9 @@ and of transformers' examples/pytorch/text-classification/run_glue_no_trainer.py
 or every ``train.eval_every_steps`` optimizer steps (``eval_strategy="steps"`` in ``Trainer``'s terms). On top: the
 best evaluation's model is kept, early stopping (patience in evaluations), a checkpoint after every evaluation and
 every ``train.save_every_steps`` steps that ``train.resume`` continues from after an interruption, mid-epoch too
-(finetune/resume.py; ``accelerator.skip_first_batches`` as in run_glue_no_trainer.py), and knowledge distillation
-from a teacher's logits (``distill.*``, finetune/distill.py).
+(finetune/resume.py; ``accelerator.skip_first_batches`` as in run_glue_no_trainer.py), knowledge distillation
+from a teacher's logits (``distill.*``, finetune/distill.py), and in a hyperparameter search (tools.tune) each
+validation reported to its Optuna trial, whose pruner may stop the run (finetune/trial.py; nothing without one).
 """
 
 from __future__ import annotations

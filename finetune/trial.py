@@ -53,11 +53,12 @@ def make_pruner(prune_after_trials: int | None, prune_from: int = 1):
     return optuna.pruners.MedianPruner(n_startup_trials=prune_after_trials, n_warmup_steps=prune_from)
 
 
-def trial_env(storage: str, study: str, trial_id: int, prune_after_trials: int | None = None,
-              prune_from: int = 1) -> dict[str, str]:
-    """The environment variable that makes the train stage report to trial ``trial_id`` of ``study``, pruned by
-    ``make_pruner(prune_after_trials, prune_from)``."""
-    return {TRIAL_ENV: json.dumps({"storage": storage, "study": study, "trial_id": trial_id,
+def trial_env(storage: str, study: str, trial_id: int, metric: str | None = None,
+              prune_after_trials: int | None = None, prune_from: int = 1) -> dict[str, str]:
+    """The environment variable that makes the train stage report validation ``metric`` (None: the run's
+    ``metric_for_best``) to trial ``trial_id`` of ``study``, pruned by ``make_pruner(prune_after_trials,
+    prune_from)``."""
+    return {TRIAL_ENV: json.dumps({"storage": storage, "study": study, "trial_id": trial_id, "metric": metric,
                                    "prune_after_trials": prune_after_trials, "prune_from": prune_from})}
 
 
@@ -81,8 +82,8 @@ class TrialReport:
 
 
 def trial_from_env(metric: str) -> TrialReport | None:
-    """The trial named by ``$FINETUNE_TRIAL``, reporting ``metric`` (the run's ``metric_for_best``); None when the
-    variable is unset: no search runs and nothing of Optuna is imported.
+    """The trial named by ``$FINETUNE_TRIAL``, reporting the metric it names or else ``metric`` (the run's
+    ``metric_for_best``); None when the variable is unset: no search runs and nothing of Optuna is imported.
 
     Raises:
         ValueError: the variable is set but not the JSON ``trial_env`` writes (the message names it).
@@ -94,6 +95,7 @@ def trial_from_env(metric: str) -> TrialReport | None:
         where = json.loads(raw)
         storage, study_name, trial_id = where["storage"], where["study"], int(where["trial_id"])
         pruner = make_pruner(where.get("prune_after_trials"), where.get("prune_from", 1))
+        metric = where.get("metric") or metric
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"${TRIAL_ENV}: expected JSON with storage, study and trial_id, got {raw!r}") from err
     import optuna

@@ -81,7 +81,7 @@ def test_pruner_stops_the_run_and_train_json_says_so(tiny_project, tmp_path, mon
     for _ in range(3):
         study.add_trial(optuna.trial.create_trial(value=1.0, intermediate_values={1: 2.0, 2: 2.0, 3: 2.0}))
     trial = study.ask()
-    monkeypatch.setenv(*trial_env(storage, "s", trial._trial_id, prune_after_trials=3, prune_from=1).popitem())
+    monkeypatch.setenv(*trial_env(storage, "s", trial._trial_id, "f1", prune_after_trials=3, prune_from=1).popitem())
     paths = tiny_project(params=tiny_params(train={"epochs": 3}))
     metrics = train(tiny_params(train={"epochs": 3}), paths)
     assert metrics["pruned"] and metrics["epochs"] == 1 and metrics["steps"] == 5 and not metrics["stopped_early"]

@@ -124,7 +124,7 @@ class Objective:
                 "-S", f"train.seed={seed}", "-S", f"evaluate.splits={flow(['validation'])}", self.args.target]
         # trial._trial_id: the storage's id of the trial (Optuna has no public name for it)
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # the stages' python: this one
-               **(trial_env(self.args.storage, trial.study.study_name, trial._trial_id,
+               **(trial_env(self.args.storage, trial.study.study_name, trial._trial_id, self.metric,
                             self.args.prune_after_trials, self.args.prune_from) if report else {})}
         logfile = TUNE_DIR / "logs" / f"{name}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
