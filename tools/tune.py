@@ -121,7 +121,7 @@ class Objective:
     def run_seed(self, trial: optuna.Trial, name: str, pairs: list[str], seed: int, report: bool) -> dict:
         """`dvc exp run --temp` of one seed up to the evaluate stage; its result (``experiment_result``)."""
         argv = [str(BIN / "dvc"), "exp", "run", "--temp", "-n", name, *[a for pair in pairs for a in ("-S", pair)],
-                "-S", f"train.seed={seed}", "-S", f"evaluate.splits={flow(['validation'])}", self.args.target]
+                "-S", f"train.seed={seed}", "-S", f"evaluate.splits={flow(['validation'])}", "evaluate"]
         # trial._trial_id: the storage's id of the trial (Optuna has no public name for it)
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # the stages' python: this one
                **(trial_env(self.args.storage, trial.study.study_name, trial._trial_id, self.metric,
@@ -197,7 +197,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a worker's heartbeats")
     parser.add_argument("--grace", type=int, default=180, help="a trial whose worker is silent this many seconds "
                         "(killed) is failed and retried once")
-    parser.add_argument("--target", default="evaluate", help="the stage each experiment runs up to")
     parser.add_argument("--report", action="store_true", help="only rewrite the report of the study")
     args = parser.parse_args(argv)
     args.study = args.study or Path(args.space).stem
@@ -235,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
             log.warning("Interrupted: the running trial is marked FAIL and not retried; the same command continues "
                         "the study")
             sys.exit(130)
-    write_report(study, space, metric, out)
+    write_report(study, space, metric, params, out)
 
 
 if __name__ == "__main__":

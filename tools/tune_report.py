@@ -20,6 +20,8 @@ from tools.search_space import SearchSpace, nested
 
 log = logging.getLogger(__name__)
 
+MIN_TRIALS_FOR_IMPORTANCES = 5  # complete trials; parameter importances from fewer say nothing
+
 
 def experiment_file(head: str, name: str, path: str) -> str:
     """The text of ``path`` in experiment ``name`` of baseline commit ``head`` (DVC keeps experiment ``name`` as the
@@ -71,14 +73,16 @@ def trial_rows(study: optuna.Study, seeds: list[int]) -> list[dict]:
     return rows
 
 
-def recipe_text(study: optuna.Study, space: SearchSpace, metric: str, seeds: list[int]) -> str:
-    """The best trial's configuration (``fixed`` + its params) as a partial params file with a comment saying where
-    it came from; ``tools.recipe`` runs it."""
+def recipe_text(study: optuna.Study, space: SearchSpace, metric: str, seeds: list[int], params: dict) -> str:
+    """The best trial's configuration (``fixed`` + its params, less what equals ``params``: params.yaml) as a
+    partial params file with a comment saying where it came from; ``tools.recipe`` runs it."""
     best = study.best_trial
+    values = {key: value for key, value in {**space.fixed, **best.params}.items()
+              if params.get(key.split(".")[0], {}).get(key.split(".", 1)[1]) != value}
     out = io.StringIO()
     writer = yaml_reader()
     writer.default_flow_style = False
-    writer.dump(nested({**space.fixed, **best.params}), out)
+    writer.dump(nested(values), out)
     header = (f"# Found by `python -m tools.tune --space {space.source}` (study {study.study_name}): trial {best.number},"
               f"\n# validation {metric} {best.value:.4f}, mean over seeds {' '.join(map(str, seeds))}. Only what differs "
               "from params.yaml.\n# Run: python -m tools.recipe <this file> --seeds 42 1 2 --run\n")
@@ -92,14 +96,21 @@ def fmt(value) -> str:
 
 
 def write_plots(study: optuna.Study, out: Path) -> None:
-    """history.png (every trial's objective and the best so far) and importances.png (fANOVA importances, which
-    need at least two complete trials); a plot Optuna cannot draw yet is logged and skipped."""
+    """history.png (every trial's objective and the best so far) and, from ``MIN_TRIALS_FOR_IMPORTANCES`` complete
+    trials on, importances.png (fANOVA importances; from fewer they are noise); a plot Optuna cannot draw is logged
+    and skipped."""
     import matplotlib
 
     matplotlib.use("Agg")
     from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
 
-    for name, plot in (("history.png", plot_optimization_history), ("importances.png", plot_param_importances)):
+    complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    plots = [("history.png", plot_optimization_history)]
+    if complete >= MIN_TRIALS_FOR_IMPORTANCES:
+        plots.append(("importances.png", plot_param_importances))
+    else:
+        (out / "importances.png").unlink(missing_ok=True)
+    for name, plot in plots:
         try:
             axes = plot(study)
         except (ValueError, RuntimeError) as err:
@@ -113,8 +124,9 @@ def write_plots(study: optuna.Study, out: Path) -> None:
         plt.close(axes.figure)
 
 
-def write_report(study: optuna.Study, space: SearchSpace, metric: str, out: Path) -> None:
-    """Write ``out``/trials.md, trials.json, recipe.yaml (with a complete trial) and the plots."""
+def write_report(study: optuna.Study, space: SearchSpace, metric: str, params: dict, out: Path) -> None:
+    """Write ``out``/trials.md, trials.json, recipe.yaml (with a complete trial; the keys that differ from
+    ``params``, params.yaml's content) and the plots."""
     seeds = study.user_attrs.get("seeds", [])
     rows = trial_rows(study, seeds)
     keys = list(space.space)
@@ -143,7 +155,10 @@ def write_report(study: optuna.Study, space: SearchSpace, metric: str, out: Path
     if complete:
         lines += [f"Best: trial {best.number}, {metric} {best.value:.4f}: " +
                   ", ".join(f"{k} = {fmt(v)}" for k, v in best.params.items()) + " (recipe.yaml).", ""]
-        (out / "recipe.yaml").write_text(recipe_text(study, space, metric, seeds))
+        (out / "recipe.yaml").write_text(recipe_text(study, space, metric, seeds, params))
+    if summary["complete"] < MIN_TRIALS_FOR_IMPORTANCES:
+        lines += [f"Parameter importances are drawn from {MIN_TRIALS_FOR_IMPORTANCES} complete trials on "
+                  f"(here {summary['complete']}).", ""]
     (out / "trials.md").write_text("\n".join(lines) + "\n" + table)
     write_plots(study, out)
     log.info("Report of study %s in %s/ (trials.md, trials.json%s)", study.study_name, out,
