@@ -54,6 +54,14 @@ class SearchSpace:
         return values
 
 
+def with_fixed(params: dict, fixed: dict[str, Any]) -> dict[str, dict]:
+    """A copy of ``params`` (params.yaml's sections) with the dotted keys of ``fixed`` set."""
+    out = {section: dict(values) for section, values in params.items()}
+    for section, values in nested(fixed).items():
+        out[section].update(values)
+    return out
+
+
 def is_int_range(spec: dict) -> bool:
     return all(isinstance(spec[end], int) and not isinstance(spec[end], bool) for end in ("low", "high"))
 
@@ -119,9 +127,7 @@ def load_space(path: str | Path, params: dict) -> SearchSpace:
             raise ParamsError(f"{where}: {key}: not a key of params.yaml (write section.key, e.g. train.lr)")
         if key in fixed and key in space:
             raise ParamsError(f"{where}: {key}: both fixed and searched")
-    base = {section: dict(values) for section, values in params.items()}
-    for section, values in nested(fixed).items():
-        base[section].update(values)
+    base = with_fixed(params, fixed)
     validate_params(base, f"{where} (fixed)")
     for key, spec in space.items():
         check_spec(key, spec, where)

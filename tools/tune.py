@@ -36,7 +36,7 @@ from finetune.params import PARAMS_FILE
 from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
 from finetune.trial import make_pruner, open_storage, trial_env
 from tools.recipe import committed_params, flow, read_yaml, set_params
-from tools.search_space import SearchSpace, load_space, nested
+from tools.search_space import SearchSpace, load_space, nested, with_fixed
 from tools.tune_report import experiment_result, write_report
 
 log = logging.getLogger("tools.tune")
@@ -215,8 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     except ParamsError as err:
         raise SystemExit(f"tools.tune: {err}") from None
     args.seeds = args.seeds or [params["train"]["seed"]]
-    metric, direction = objective_metric({**params, **{s: {**params[s], **v} for s, v in nested(space.fixed).items()}},
-                                         args.metric)
+    metric, direction = objective_metric(with_fixed(params, space.fixed), args.metric)
     study = make_study(args, direction)
     study.set_metric_names([f"validation.{metric}"])
     study.set_user_attr("space", {"file": space.source, "fixed": space.fixed, "space": space.space})
