@@ -102,6 +102,7 @@ def write_plots(study: optuna.Study, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
 
     complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
@@ -119,8 +120,6 @@ def write_plots(study: optuna.Study, out: Path) -> None:
         axes.figure.set_size_inches(8, 5)
         axes.figure.tight_layout()
         axes.figure.savefig(out / name, dpi=100)
-        import matplotlib.pyplot as plt
-
         plt.close(axes.figure)
 
 
