@@ -102,26 +102,29 @@ def test_without_a_study_the_hook_does_nothing(tiny_project, monkeypatch):
 SPACE = """fixed:
   train.warmup_steps: 1
 space:
-  train.lr: {low: 8.0e-3, high: 2.0e-2, log: true}
+  train.lr: {low: 3.0e-3, high: 1.0e-2, log: true}
   train.scheduler: {choices: [linear, constant]}
 """
 
 
 def learnable(n: int, seed: int) -> Dataset:
-    """``make_split`` rows whose label is in the punctuation (1: sentence2 ends in "!"): the tiny model learns it in
-    a few epochs at lr 1e-2, where the made-up paraphrases leave it collapsed."""
+    """``make_split`` rows whose label is in words (sentence2 ends in "yes yes yes" or "no no no"). With mean pooling
+    the tiny model learns it in 4 epochs at lr 3e-3…1e-2 on each of seeds 1, 2, 3, 4, 7, where the made-up
+    paraphrases, or a label in the punctuation with CLS pooling, leave it collapsed on one CPU and not another."""
     df = make_split(n, seed).to_pandas()
-    df["sentence2"] = [s.rstrip(".!") + ("!" if label else ".") for s, label in zip(df["sentence2"], df["label"])]
+    df["sentence2"] = [s.rstrip(".!") + (" yes yes yes." if label else " no no no.")
+                       for s, label in zip(df["sentence2"], df["label"])]
     return Dataset.from_pandas(df, features=FEATURES, preserve_index=False)
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, tiny_checkpoint) -> Path:
     """A committed tiny project whose pipeline ran up to the teacher stage on the splits a trial evaluates, so a
-    trial runs train and evaluate only: 80 learnable train rows, 4 epochs of 10 steps."""
-    splits = {"train": learnable(80, 0), "validation": learnable(21, 1), "test": learnable(19, 2)}
+    trial runs train and evaluate only: 160 learnable train rows, 4 epochs of 20 steps, mean pooling."""
+    splits = {"train": learnable(160, 0), "validation": learnable(21, 1), "test": learnable(19, 2)}
     glue = write_hub_folder(tmp_path_factory.mktemp("hub") / "glue", splits)
-    params = tiny_params(data={"dataset": str(glue), "local_copy": None}, model={"checkpoint": str(tiny_checkpoint)},
+    params = tiny_params(data={"dataset": str(glue), "local_copy": None},
+                         model={"checkpoint": str(tiny_checkpoint), "pooling": "mean"},
                          train={"epochs": 4, "accelerate_config": "configs/accelerate/default.yaml"},
                          evaluate={"splits": ["validation"]})
     root = make_project(tmp_path_factory.mktemp("tune") / "project", params, code=True).root
@@ -145,12 +148,21 @@ def load(root: Path, name: str = "tiny") -> optuna.Study:
 
 
 @pytest.mark.e2e
-def test_study_runs_trials_as_experiments_and_reports(project):
-    out = run(tune("--trials", "3"), project)
+def test_two_workers_share_a_study_whose_trials_are_experiments_and_reported(project):
+    # the 2-process case and the 3-trial study in one: both workers run the same command on the default storage
+    workers = [start(tune("--trials", "3"), project) for _ in range(2)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), outputs
     study = load(project)
-    assert len(study.trials) == 3 and "COMPLETE" in {t.state.name for t in study.trials}, out
+    states = [t.state.name for t in study.trials]
+    # --trials 3: a worker checks the count when its trial ends, so the other may already have started a fourth
+    # (Optuna's MaxTrialsCallback with parallel workers)
+    assert 3 <= len(study.trials) <= 4 and "COMPLETE" in states, outputs
+    assert len({t.user_attrs["worker"] for t in study.trials}) == 2  # both ran trials (host:pid)
+    ran = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
+    assert len({tuple(sorted(t.params.items())) for t in ran}) == len(ran)  # no configuration ran twice
     shown = exp_show(project)
-    for trial in study.trials:
+    for trial in ran:
         # every trial is an experiment: its sampled params are the experiment's, and what the trial recorded is the
         # experiment's validation f1 (its value, unless a collapse failed it)
         data, seed = shown[f"tiny-{trial.number}"], trial.user_attrs["seed_7"]
@@ -165,8 +177,8 @@ def test_study_runs_trials_as_experiments_and_reports(project):
     table = (report / "trials.md").read_text()
     assert "| trial | state | train.lr | train.scheduler | seed 7 | mean f1 | train s | note |" in table
     summary = json.loads((report / "trials.json").read_text())["summary"]
-    assert summary["trials"] == 3 and summary["metric"] == "validation.f1" and summary["direction"] == "maximize"
-    assert (report / "history.png").stat().st_size > 0
+    assert summary["trials"] == len(study.trials) and summary["metric"] == "validation.f1"
+    assert summary["direction"] == "maximize" and (report / "history.png").stat().st_size > 0
     assert not (report / "importances.png").exists() and "drawn from 5 complete trials on" in table  # 3: noise
     recipe = load_recipe(str(report / "recipe.yaml"))
     assert recipe["train"]["lr"] == pytest.approx(study.best_params["train.lr"]) and recipe["train"]["warmup_steps"] == 1
@@ -176,26 +188,7 @@ def test_study_runs_trials_as_experiments_and_reports(project):
     validate_params({s: {**base[s], **recipe.get(s, {})} for s in base}, "recipe")
     # the same command again: the study is complete, nothing runs, the report is rewritten
     again = run(tune("--trials", "3"), project)
-    assert "dvc exp run" not in again and len(load(project).trials) == 3
-
-
-@pytest.mark.e2e
-def test_two_workers_share_one_study(project):
-    args = tune("--study", "pair", "--trials", "2", "--pruner", "none")
-    workers = [start(args, project) for _ in range(2)]
-    outputs = [w.communicate(timeout=600)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), outputs
-    study = load(project, "pair")
-    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
-    # --trials 2: a worker checks the count when its trial ends, so the other may already have started a third
-    # (Optuna's MaxTrialsCallback with parallel workers)
-    assert 2 <= len(study.trials) <= 3, [t.state.name for t in study.trials]
-    workers_seen = {t.user_attrs["worker"] for t in study.trials}
-    assert len(workers_seen) == 2  # both ran trials
-    ran = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
-    run_configs = [tuple(sorted(t.params.items())) for t in ran]
-    assert len(run_configs) == len(set(run_configs))  # no configuration ran twice
-    assert {f"pair-{t.number}" for t in ran} <= set(exp_show(project))
+    assert "dvc exp run" not in again and len(load(project).trials) == len(study.trials)
 
 
 @pytest.mark.e2e
