@@ -26,6 +26,7 @@ from tests.helpers import (FEATURES, dvc, exp_show, make_project, make_split, pr
                            tiny_params, write_hub_folder)
 from tools.recipe import load_recipe
 from tools.search_space import load_space
+from tools.tune import main as tune_main, settle_study
 
 PARAMS = tiny_params().model_dump()
 COMMITTED = yaml.safe_load(Path("params.yaml").read_text())
@@ -72,6 +73,25 @@ def test_search_space_samples_each_kind():
 def test_every_shipped_space_is_valid():
     for path in Path("configs/search").glob("*.yaml"):
         load_space(path, COMMITTED)
+
+
+def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    space = load_space("configs/search/rte.yaml", COMMITTED)
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    assert settle_study(study, [42, 1], 42, space, "accuracy") == [42, 1]  # recorded by the first run
+    assert settle_study(study, None, 42, space, "accuracy") == [42, 1]  # a resume without --seeds: the study's
+    for seeds, other, metric, says in [([7], space, "accuracy", "began with seeds [42, 1], not [7]"),
+                                       (None, load_space("configs/search/cola.yaml", COMMITTED), "accuracy",
+                                        "began with space"),
+                                       (None, space, "f1", "began with metric accuracy, not f1")]:
+        with pytest.raises(SystemExit, match="study s " + says.replace("[", r"\[").replace("]", r"\]")):
+            settle_study(study, seeds, 42, other, metric)
+    # through the command: refused before any trial or report
+    args = ["--space", "configs/search/rte.yaml", "--study", "s", "--storage", storage, "--seeds", "3"]
+    with pytest.raises(SystemExit, match="began with seeds"):
+        tune_main(args)
+    assert not Path("metrics/search/s").exists()
 
 
 def test_pruner_stops_the_run_and_train_json_says_so(tiny_project, tmp_path, monkeypatch):

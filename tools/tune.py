@@ -169,6 +169,29 @@ def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
 
+def settle_study(study: optuna.Study, seeds: list[int] | None, default_seed: int, space: SearchSpace,
+                 metric: str) -> list[int]:
+    """The seeds to score with: ``seeds``, else the study's own, else ``[default_seed]``. A study keeps the seeds,
+    space and metric it began with, so that its trials stay comparable and its report's per-seed columns mean one
+    thing: the first run records them, later runs (workers, resumes, ``--report``) must match.
+
+    Raises:
+        SystemExit: the study began with other seeds, another space (file or ranges) or another metric; the
+            message names the study and what differs.
+    """
+    began = study.user_attrs
+    now = {"seeds": seeds or began.get("seeds") or [default_seed], "metric": metric,
+           "space": {"file": space.source, "fixed": space.fixed, "space": space.space}}
+    for key, value in now.items():
+        if key in began and began[key] != value:
+            raise SystemExit(f"tools.tune: study {study.study_name} began with {key} {began[key]}, not {value}: "
+                             f"continue it with the same {key}, or start another with --study")
+    for key, value in now.items():
+        if key not in began:
+            study.set_user_attr(key, value)
+    return now["seeds"]
+
+
 def finished(study: optuna.Study) -> int:
     """Trials finished, complete, pruned or failed (``--trials`` counts these: a search of failing configurations
     ends too)."""
@@ -184,7 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storage", help="an Optuna database URL shared by workers, e.g. postgresql://user@host/db "
                         f"(default: sqlite under {TUNE_DIR}/)")
     parser.add_argument("--seeds", type=int, nargs="+", help="score a configuration by the mean over these "
-                        "train.seed values, one experiment each (default: params.yaml's train.seed)")
+                        "train.seed values, one experiment each (default: the study's, or params.yaml's train.seed)")
     parser.add_argument("--metric", help="the validation metric (default: train.metric_for_best, the task's main one)")
     parser.add_argument("--pruner", choices=["median", "none"], default="median")
     parser.add_argument("--prune-from", type=int, default=2,
@@ -214,12 +237,10 @@ def main(argv: list[str] | None = None) -> None:
         space = load_space(args.space, params)
     except ParamsError as err:
         raise SystemExit(f"tools.tune: {err}") from None
-    args.seeds = args.seeds or [params["train"]["seed"]]
     metric, direction = objective_metric(with_fixed(params, space.fixed), args.metric)
     study = make_study(args, direction)
     study.set_metric_names([f"validation.{metric}"])
-    study.set_user_attr("space", {"file": space.source, "fixed": space.fixed, "space": space.space})
-    study.set_user_attr("seeds", args.seeds)
+    args.seeds = settle_study(study, args.seeds, params["train"]["seed"], space, metric)
     out = REPORTS / args.study
     if not args.report and finished(study) < args.trials:
         log.info("Study %s (%s, %s validation.%s): %d of %d trials finished; storage %s", args.study,
