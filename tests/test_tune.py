@@ -5,10 +5,12 @@ its report and recipe, two workers on one storage, a kill and a resume.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from tests.helpers import (FEATURES, dvc, exp_show, make_project, make_split, pr
                            tiny_params, write_hub_folder)
 from tools.recipe import load_recipe
 from tools.search_space import load_space
-from tools.tune import main as tune_main, settle_study
+from tools.tune import connect, main as tune_main, settle_study
 
 PARAMS = tiny_params().model_dump()
 COMMITTED = yaml.safe_load(Path("params.yaml").read_text())
@@ -92,6 +94,28 @@ def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path):
     with pytest.raises(SystemExit, match="began with seeds"):
         tune_main(args)
     assert not Path("metrics/search/s").exists()
+
+
+def test_workers_starting_together_on_a_new_database_all_connect(tmp_path):
+    # without the retry, most of 4 threads opening a new SQLite file at once fail with "table studies already exists"
+    errors = []
+    for i in range(3):
+        args = argparse.Namespace(storage=f"sqlite:///{tmp_path / f'new{i}.db'}", heartbeat=60, grace=180)
+        barrier = threading.Barrier(4)
+
+        def open_it():
+            barrier.wait()
+            try:
+                connect(args)
+            except Exception as err:  # noqa: BLE001 - collected and shown by the assert
+                errors.append(repr(err))
+
+        threads = [threading.Thread(target=open_it) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
 
 
 def test_pruner_stops_the_run_and_train_json_says_so(tiny_project, tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -158,9 +159,28 @@ def duplicate_of(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
     return None
 
 
+def connect(args: argparse.Namespace, attempts: int = 5):
+    """``args.storage`` opened with the heartbeat. Workers started together on a new database race to create its
+    tables (SQLite: "table studies already exists" in all but one); the losers try again after a second or two.
+
+    Raises:
+        sqlalchemy.exc.SQLAlchemyError: the database still fails after ``attempts`` tries (a bad URL, no server).
+    """
+    import sqlalchemy
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return open_storage(args.storage, args.heartbeat, args.grace)
+        except sqlalchemy.exc.SQLAlchemyError as err:
+            if attempt == attempts:
+                raise
+            log.info("Storage %s not ready (%s); trying again", args.storage, type(err).__name__)
+            time.sleep(1 + random.random())
+
+
 def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
     """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none)."""
-    storage = open_storage(args.storage, args.heartbeat, args.grace)
+    storage = connect(args)
     sampler = optuna.samplers.TPESampler(n_startup_trials=args.random_trials, seed=args.sampler_seed)
     return optuna.create_study(study_name=args.study, storage=storage, direction=direction, sampler=sampler,
                                pruner=make_pruner(args.prune_after_trials, args.prune_from), load_if_exists=True)
