@@ -165,12 +165,40 @@ class EvaluateParams(_Section):
 OWN_MODELS = "models/own"  # the user's own checkpoints and teachers live here: a dependency of download and teacher
 
 
+class TransferParams(_Section):
+    """Unlabelled pairs the teacher labels for the student (finetune/transfer.py, docs/distillation.md)."""
+
+    kind: Literal["neighbours", "files"] | None  # null: no transfer set
+    k: PositiveInt  # neighbours: the nearest train texts paired with each train text
+    min_similarity: float = Field(ge=0, lt=1)  # neighbours: pairs less alike than this (TF-IDF cosine) are dropped
+    max_similarity: float = Field(gt=0, le=1)  # neighbours: pairs at least this alike are dropped (near-identical)
+    files: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=1)  # files: under data/own
+    max_pairs: PositiveInt | None  # keep a seeded sample of this many pairs (null: all)
+    seed: NonNegativeInt  # the sample's seed
+    weight: float = Field(ge=0)  # a transfer row's loss: weight x soft (a labelled row's: (1 - alpha) hard + alpha soft)
+
+    @model_validator(mode="after")
+    def _files_with_kind_files(self) -> "TransferParams":
+        if self.min_similarity >= self.max_similarity:
+            raise ValueError(f"min_similarity ({self.min_similarity}) must be below max_similarity "
+                             f"({self.max_similarity})")
+        if (self.kind == "files") != (self.files is not None):
+            raise ValueError("files: set it (a list of files under data/own) with kind: files, and only then "
+                             f"(kind {self.kind!r}, files {self.files!r})")
+        for file in self.files or []:
+            if Path(file).is_absolute() or Path(os.path.normpath(file)).parts[:2] != tuple(Path(OWN_DATA).parts):
+                raise ValueError(f"files: {file!r} is not under {OWN_DATA}/; put your unlabelled text there (a "
+                                 "dependency of the teacher stage in dvc.yaml)")
+        return self
+
+
 class DistillParams(_Section):
     """Knowledge distillation from a fine-tuned teacher (finetune/distill.py, docs/distillation.md)."""
 
     teacher: str | None = Field(min_length=1)  # a fine-tuned save_pretrained folder under models/own (null: off)
     alpha: float = Field(ge=0, le=1)  # weight of the soft loss: (1 - alpha) x hard + alpha x soft
     temperature: float = Field(gt=0)  # softens both distributions of the soft loss (classification)
+    transfer: TransferParams  # unlabelled pairs labelled by the teacher only (kind null: none)
 
     @field_validator("teacher")
     @classmethod
@@ -186,6 +214,13 @@ class DistillParams(_Section):
             raise ValueError(f"folder {teacher!r} not found (from {Path.cwd()}); a queued experiment sees it only "
                              f"when it is tracked: `dvc add {teacher}` (docs/distillation.md)")
         return teacher
+
+    @model_validator(mode="after")
+    def _transfer_needs_a_teacher(self) -> "DistillParams":
+        if self.transfer.kind is not None and self.teacher is None:
+            raise ValueError(f"transfer.kind is {self.transfer.kind!r} but teacher is null: a transfer set is "
+                             "labelled by the teacher; set distill.teacher, or transfer.kind: null")
+        return self
 
 
 class Int8Params(_Section):

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from finetune.batches import PairCollator, evaluation_loaders, make_collator, train_dataloader
 from finetune.collapse import constant_baseline
-from finetune.distill import Distillation, load_teacher, with_teacher_logits
+from finetune.distill import Distillation, load_teacher, with_teacher_logits, with_transfer_rows
 from finetune.errors import ParamsError
 from finetune.evaluation import load_metric
 from finetune.hardware import resolve_mixed_precision
@@ -88,6 +88,8 @@ def build_run(params: Params, paths: Paths) -> Run:
     check_swap_pairs(p, task, tokenized["train"])
     teacher = load_teacher(params.distill, paths.teacher, task, tokenized["train"])  # None: distillation off
     train_rows = tokenized["train"] if teacher is None else with_teacher_logits(tokenized["train"], teacher)
+    if teacher is not None and teacher.transfer is not None:  # the transfer pairs, labelled by the teacher only
+        train_rows = with_transfer_rows(train_rows, teacher.transfer, tokenizer, params.tokenize.max_length, task)
     model = load_classifier(paths.pretrained, task, params.model.pooling)
     model.config.swap_pairs = p.swap_pairs  # saved in config.json: evaluation averages both orders when true
     parameters = sum(t.numel() for t in model.parameters())
@@ -111,9 +113,11 @@ def build_run(params: Params, paths: Paths) -> Run:
     distill = None
     if teacher is not None:
         d = params.distill
-        distill = Distillation(d.alpha, d.temperature, task.is_regression, teacher.identity)
-        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g", d.teacher,
-                 teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature)
+        distill = Distillation(d.alpha, d.temperature, task.is_regression, teacher.identity, d.transfer.weight)
+        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g%s", d.teacher,
+                 teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature,
+                 "" if teacher.transfer is None else f"; {len(teacher.transfer.pairs)} transfer pairs among the "
+                 f"{len(train_rows)} train rows, their loss {d.transfer.weight:g} x soft")
     fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes, mixed_precision,
                                   teacher.fingerprint() if teacher is not None else None)
     baseline = constant_baseline(task, load_metric(task), tokenized["train"]["labels"],

@@ -11,7 +11,10 @@ with the student's data/tokenized. data/teacher holds:
   (``train.swap_pairs``), so a row trained in the swapped order is taught by the teacher's logits of that order;
 - ``teacher.json``: the teacher's identity (folder, ``_name_or_path``, model type, sha256 of its weights, labels, task
   type), the train rows (``rows``) and the data's fingerprint, precision, device and seconds; with
-  ``distill.teacher: null`` only ``{"distillation": false, ...}``.
+  ``distill.teacher: null`` only ``{"distillation": false, ...}``;
+- with ``distill.transfer`` (finetune/transfer.py) the transfer set: ``transfer.parquet`` (its texts, and how each
+  pair was made), ``transfer_logits.npy`` ``[pairs, num_labels]`` (and ``transfer_logits_swapped.npy`` with both
+  orders), recorded in teacher.json's ``transfer`` (params, rows, how, the parquet's sha256).
 
 torch, transformers and datasets are imported inside the functions that use them: the teacher stage with
 distillation off imports none of them.
@@ -19,23 +22,27 @@ distillation off imports none of them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
 from finetune.errors import DataError, TeacherError
 from finetune.params import Params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir, write_json
 from finetune.tasks import Task
+from finetune.transfer import SWAPPED_TRANSFER_LOGITS_FILE, TRANSFER_FILE, TRANSFER_LOGITS_FILE, make_transfer_set
 
 if TYPE_CHECKING:
-    from datasets import Dataset
+    from datasets import Dataset, DatasetDict
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,36 @@ TEACHER_FILE = "teacher.json"  # in data/teacher: the teacher's identity, or tha
 LOGITS_FILE = "logits.npy"  # [rows, num_labels] float32, the train split's row order
 SWAPPED_LOGITS_FILE = "logits_swapped.npy"  # the same, each pair in the other order (train.swap_pairs)
 WEIGHT_SUFFIXES = (".safetensors", ".bin")  # the weights files of a save_pretrained folder, hashed into teacher.json
+
+
+@dataclass(frozen=True)
+class TransferSet:
+    """The transfer set and the teacher's logits of it (finetune/transfer.py)."""
+
+    pairs: pd.DataFrame  # the task's text columns, and how each pair was made (similarity or source)
+    logits: np.ndarray  # [pairs, num_labels] float32, in the row order of ``pairs``
+    logits_swapped: np.ndarray | None  # the same of each pair in the other order, or None
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """The teacher stage's output (data/teacher): what the train stage distils from."""
+
+    identity: dict  # teacher.json
+    logits: np.ndarray  # [rows, num_labels] float32, the train split's row order
+    logits_swapped: np.ndarray | None  # the same of each pair in the other order, or None
+    transfer: TransferSet | None = None  # with distill.transfer
+
+    def arrays(self) -> list[np.ndarray]:
+        """Every array of logits, train rows first."""
+        extra = [] if self.transfer is None else [self.transfer.logits, self.transfer.logits_swapped]
+        return [a for a in (self.logits, self.logits_swapped, *extra) if a is not None]
+
+    def fingerprint(self) -> dict:
+        """What of the teacher decides a run's result, for the resume fingerprint (``finetune.resume``): its identity
+        (not its seconds) and the sha256 of its logits."""
+        return {"identity": {k: v for k, v in self.identity.items() if k != "seconds"},
+                "logits": hashlib.sha256(b"".join(a.tobytes() for a in self.arrays())).hexdigest()}
 
 
 def write_off(folder: Path) -> dict:
@@ -136,37 +173,49 @@ def check_aligned(raw: Dataset, tokenized: Dataset, paths: Paths) -> None:
                             "splits are not in the same order; rerun `dvc repro tokenize`")
 
 
-def teacher_logits(params: Params, paths: Paths) -> tuple[np.ndarray, np.ndarray | None, dict]:
-    """The teacher's logits of every row of the train split, in the row order of ``paths.tokenized``: the teacher
-    (``paths.root / distill.teacher``) and the data checked (``teacher_inputs``), then scored (``score_train``).
+def teacher_logits(params: Params, paths: Paths) -> Teacher:
+    """The teacher's logits of every row of the train split, in the row order of ``paths.tokenized``, and with
+    ``distill.transfer`` of every pair of the transfer set (``finetune.transfer.make_transfer_set``): the teacher
+    (``paths.root / distill.teacher``) and the data checked (``teacher_inputs``), then scored (``score_rows``).
 
     Returns:
-        ``(logits, logits_swapped, identity)``: float32 ``[rows, num_labels]`` (``[rows, 1]`` for regression), the
-        same for the swapped pairs or None, and teacher.json's content (``describe_teacher`` and ``rows`` (the train
-        rows), ``swapped``, ``data`` (the datasets' fingerprint of the tokenized train split), ``max_length``,
-        ``mixed_precision``, ``device``, ``seconds``).
+        The ``Teacher``: logits float32 ``[rows, num_labels]`` (``[rows, 1]`` for regression), the same for the
+        swapped pairs or None, teacher.json's content (``describe_teacher`` and ``rows`` (the train rows),
+        ``swapped``, ``data`` (the datasets' fingerprint of the tokenized train split), ``max_length``,
+        ``mixed_precision``, ``device``, ``seconds``, and ``transfer``: the transfer set's description or None), and
+        the transfer set with its logits or None.
 
     Raises:
         CheckpointError: the teacher folder lacks config, weights or tokenizer.
         TeacherError: the teacher's labels or task type differ from the task's (``check_labels``).
-        DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``).
+        DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``); the
+            transfer set can't be made (``make_transfer_set``).
+        ParamsError: ``distill.transfer.kind: neighbours`` for a single-text task.
     """
+    from datasets import Dataset
+
     from finetune.tokenization import has_both_orders
 
     start = time.perf_counter()
     folder = paths.root / params.distill.teacher
     identity, task, raw, tokenized = teacher_inputs(folder, params.distill.teacher, paths)
     swapped = has_both_orders(tokenized)
-    outputs, run = score_train(params, folder, identity, task, raw, swapped)
-    identity.update({"rows": len(raw), "swapped": swapped, "data": {"fingerprint": tokenized._fingerprint}, **run,
-                     "seconds": round(time.perf_counter() - start, 1)})
-    return outputs[0], outputs[1] if swapped else None, identity
+    sets, pairs, described = {"train": raw["train"]}, None, None
+    if params.distill.transfer.kind is not None:
+        pairs, described = make_transfer_set(params.distill.transfer, raw, task)
+        columns = list(task.text_columns)
+        sets["transfer"] = Dataset.from_pandas(pairs[columns].assign(idx=range(len(pairs))), preserve_index=False)
+    outputs, run = score_rows(params, folder, identity, task, sets, swapped)
+    identity.update({"rows": len(raw["train"]), "swapped": swapped, "data": {"fingerprint": tokenized._fingerprint},
+                     **run, "transfer": described, "seconds": round(time.perf_counter() - start, 1)})
+    transfer = None if pairs is None else TransferSet(pairs, *outputs["transfer"])
+    return Teacher(identity, *outputs["train"], transfer=transfer)
 
 
-def teacher_inputs(folder: Path, teacher: str, paths: Paths) -> tuple[dict, Task, Dataset, Dataset]:
+def teacher_inputs(folder: Path, teacher: str, paths: Paths) -> tuple[dict, Task, DatasetDict, Dataset]:
     """``(identity, task, raw, tokenized)``: the identity of the teacher checkpoint ``folder`` (``describe_teacher``;
-    ``distill.teacher`` is ``teacher``), the task of ``paths.tokenized``, and the train splits of ``paths.raw`` (the
-    teacher's texts) and ``paths.tokenized`` (the student's rows), checked against each other.
+    ``distill.teacher`` is ``teacher``), the task of ``paths.tokenized``, every split of ``paths.raw`` (the teacher's
+    texts) and the train split of ``paths.tokenized`` (the student's rows), its train split checked against raw's.
 
     Raises:
         CheckpointError: the teacher folder lacks config, weights or tokenizer.
@@ -178,15 +227,16 @@ def teacher_inputs(folder: Path, teacher: str, paths: Paths) -> tuple[dict, Task
     task = Task.load(paths.tokenized)
     identity = describe_teacher(folder, teacher)
     check_labels(identity, task, str(folder / "config.json"))
-    raw, tokenized = load_from_disk(str(paths.raw))["train"], load_from_disk(str(paths.tokenized))["train"]
-    check_aligned(raw, tokenized, paths)
+    raw, tokenized = load_from_disk(str(paths.raw)), load_from_disk(str(paths.tokenized))["train"]
+    check_aligned(raw["train"], tokenized, paths)
     return identity, task, raw, tokenized
 
 
-def score_train(params: Params, folder: Path, identity: dict, task: Task, raw: Dataset,
-                swapped: bool) -> tuple[list[np.ndarray], dict]:
-    """The logits of the teacher in ``folder`` (``identity``: its ``describe_teacher``) of every row of ``raw`` (the
-    train split of data/raw), in row order.
+def score_rows(params: Params, folder: Path, identity: dict, task: Task, sets: dict[str, Dataset],
+               swapped: bool) -> tuple[dict[str, list[np.ndarray | None]], dict]:
+    """The logits of the teacher in ``folder`` (``identity``: its ``describe_teacher``) of every row of each of
+    ``sets`` (name -> rows with the task's text columns and ``idx``: the train split of data/raw, the transfer set),
+    in row order.
 
     The teacher is loaded as the evaluate stage loads a fine-tuned model (``load_finetuned``); it tokenizes the texts
     with its own tokenizer (truncated at ``tokenize.max_length``, at most its ``model_max_length``) and runs in eval
@@ -195,8 +245,8 @@ def score_train(params: Params, folder: Path, identity: dict, task: Task, raw: D
     to. With ``swapped``, the pairs in the other order are scored too.
 
     Returns:
-        ``(outputs, run)``: one float32 ``[rows, num_labels]`` array per order (as given, then swapped with
-        ``swapped``), and the run's ``max_length``, ``mixed_precision`` and ``device``.
+        ``(outputs, run)``: per set, ``[logits, logits_swapped]``, float32 ``[rows, num_labels]`` (the second None
+        without ``swapped``), and the run's ``max_length``, ``mixed_precision`` and ``device``.
     """
     from datasets import DatasetDict
     from transformers import AutoTokenizer
@@ -206,39 +256,53 @@ def score_train(params: Params, folder: Path, identity: dict, task: Task, raw: D
     from finetune.modeling import load_finetuned
     from finetune.hardware import describe_device, resolve_mixed_precision
     from finetune.runtime import make_accelerator, set_cpu_threads
-    from finetune.tokenization import tokenize
+    from finetune.tokenization import tokenize, truncation_length
 
     set_cpu_threads(None)
     mixed_precision = resolve_mixed_precision(params.train.mixed_precision)
     accelerator = make_accelerator(mixed_precision=mixed_precision)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = accelerator.prepare(load_finetuned(folder))
-    max_length = min(params.tokenize.max_length or tokenizer.model_max_length, tokenizer.model_max_length)
-    log.info("Teacher %s (%s, %s) on %d train rows%s, %s tokenizer (truncation at %d tokens), mixed precision %s, %s",
-             params.distill.teacher, identity["model_type"], identity["task_type"], len(raw),
-             " in both orders" if swapped else "", type(tokenizer).__name__, max_length, mixed_precision,
-             accelerator.device)
-    outputs = []
+    max_length = min(truncation_length(tokenizer, params.tokenize.max_length), tokenizer.model_max_length)
+    log.info("Teacher %s (%s, %s) on %s%s, %s tokenizer (truncation at %d tokens), mixed precision %s, %s",
+             params.distill.teacher, identity["model_type"], identity["task_type"],
+             " and ".join(f"{len(rows)} {name} rows" for name, rows in sets.items()), " in both orders" if swapped
+             else "", type(tokenizer).__name__, max_length, mixed_precision, accelerator.device)
+    outputs = {}
     with tempfile.TemporaryDirectory(prefix="teacher-tokens-") as scratch:  # memory-mapped, not in memory
-        encoded = tokenize(DatasetDict({"train": raw}), tokenizer, max_length, task.text_columns, swapped,
-                           cache_dir=Path(scratch))["train"]
-        loaders, order = evaluation_loaders(encoded, tokenizer, params.evaluate, both_orders=swapped)
-        for i, loader in enumerate(loaders):  # in batches, with a progress bar
-            logits, _ = split_logits(model, accelerator.prepare(loader), accelerator,
-                                     desc="teacher (swapped)" if i else "teacher")
-            if order is not None:  # back to row order
-                logits = logits[np.argsort(order)]
-            outputs.append(logits.numpy().astype(np.float32))
-        del encoded, loaders
+        encoded = tokenize(DatasetDict(sets), tokenizer, max_length, task.text_columns, swapped,
+                           cache_dir=Path(scratch))
+        for name, rows in encoded.items():
+            loaders, order = evaluation_loaders(rows, tokenizer, params.evaluate, both_orders=swapped)
+            outputs[name] = [None, None]
+            for i, loader in enumerate(loaders):  # in batches, with a progress bar
+                logits, _ = split_logits(model, accelerator.prepare(loader), accelerator,
+                                         desc=f"teacher: {name}" + (" (swapped)" if i else ""))
+                if order is not None:  # back to row order
+                    logits = logits[np.argsort(order)]
+                outputs[name][i] = logits.numpy().astype(np.float32)
+            del loaders
+        del encoded
     return outputs, {"max_length": max_length, "mixed_precision": mixed_precision,
                      "device": describe_device(accelerator.device)}
 
 
-def save_teacher(folder: Path, logits: np.ndarray, logits_swapped: np.ndarray | None, identity: dict) -> None:
-    """``logits.npy``, ``logits_swapped.npy`` (when not None) and ``teacher.json`` into ``folder``, atomically: a
-    failure leaves the previous folder as it was."""
+def save_teacher(folder: Path, teacher: Teacher) -> None:
+    """``logits.npy``, ``logits_swapped.npy`` (when not None), with a transfer set ``transfer.parquet`` and
+    ``transfer_logits.npy`` (and ``transfer_logits_swapped.npy``), and ``teacher.json`` (with the parquet's sha256)
+    into ``folder``, atomically: a failure leaves the previous folder as it was."""
+    from finetune.split_zip import sha256_file
+
+    identity = dict(teacher.identity)
     with atomic_dir(folder) as tmp:
-        np.save(tmp / LOGITS_FILE, logits)
-        if logits_swapped is not None:
-            np.save(tmp / SWAPPED_LOGITS_FILE, logits_swapped)
+        for name, array in ((LOGITS_FILE, teacher.logits), (SWAPPED_LOGITS_FILE, teacher.logits_swapped)):
+            if array is not None:
+                np.save(tmp / name, array)
+        if teacher.transfer is not None:
+            teacher.transfer.pairs.to_parquet(tmp / TRANSFER_FILE, index=False)
+            for name, array in ((TRANSFER_LOGITS_FILE, teacher.transfer.logits),
+                                (SWAPPED_TRANSFER_LOGITS_FILE, teacher.transfer.logits_swapped)):
+                if array is not None:
+                    np.save(tmp / name, array)
+            identity["transfer"] = {**identity["transfer"], "sha256": sha256_file(tmp / TRANSFER_FILE)}
         write_json(tmp / TEACHER_FILE, identity)

@@ -57,6 +57,11 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
                         for split, ds in tokenized.items()})
 
 
+def truncation_length(tokenizer: PreTrainedTokenizerBase, max_length: int | None) -> int:
+    """The truncation length in tokens: ``tokenize.max_length``, or (null) the tokenizer's ``model_max_length``."""
+    return max_length or tokenizer.model_max_length
+
+
 def has_both_orders(ds: Dataset) -> bool:
     """Whether the tokenized split ``ds`` holds each pair in both orders (``tokenize`` with ``swapped``: the
     ``SWAPPED`` columns beside the others, as ``train.swap_pairs`` needs)."""

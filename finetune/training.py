@@ -189,7 +189,7 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
         state.losses.append(sum(micro_losses) / len(micro_losses))
         state.lrs.append(max(run.scheduler.get_last_lr()))  # the head's, with train.layer_lr_decay
         for name, values in micro_parts.items():
-            state.loss_parts.setdefault(name, []).append(sum(values) / len(values))
+            state.loss_parts.setdefault(name, []).append(finite_mean(values))
         micro_losses, micro_parts = [], {}
         progress.update(1)
         progress.set_postfix(epoch=epoch, loss=f"{state.losses[-1]:.4f}", lr=f"{state.lrs[-1]:.2e}")
@@ -209,6 +209,13 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
             break
 
 
+def finite_mean(values: list[float]) -> float:
+    """The mean of the values that are not NaN (NaN if none is): a batch of transfer rows alone has no hard loss
+    (``finetune.distill.transfer_distillation_loss``)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
 def evaluate_and_keep(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainLog, paths: Paths) -> None:
     """Validate (with the collapse check: an INFO line when the model does not beat the constant baseline yet, the
     verdict comes at the end of the run), log the evaluation, keep the model if it is the best so far (or every
@@ -221,7 +228,7 @@ def evaluate_and_keep(run: Run, state: RunState, stopping: EarlyStopping, logs: 
     losses = state.losses[since:]
     entry = {"epoch": math.ceil(state.step / run.schedule.steps_per_epoch), "step": state.step,
              "train/loss": sum(losses) / len(losses),
-             **{name: sum(values) / len(values) for name, values in parts.items()},
+             **{name: finite_mean(values) for name, values in parts.items()},
              **{f"validation/{name}": value for name, value in validation.items()}}
     state.evaluations.append(entry)
     improved = stopping.update(validation[run.metric_for_best], entry["epoch"], state.step)
@@ -297,7 +304,8 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
     constant model of train's labels scored on validation: ``finetune.collapse.constant_baseline``), ``collapse``
     (``collapse_check``'s verdict over the evaluations: ``finetune.collapse.end_of_run``), with ``torch_compile``
     ``compile_seconds``, and with distillation ``distillation``: the teacher (``distill.teacher``) and its model type,
-    ``alpha``, ``temperature`` and the last evaluation's mean ``final_hard_loss`` and ``final_soft_loss``.
+    ``alpha``, ``temperature``, the last evaluation's mean ``final_hard_loss`` and ``final_soft_loss``, and
+    ``transfer`` (its ``rows``, ``kind`` and ``weight``, or None).
     """
     last = state.evaluations[-1]
     metrics = {
@@ -329,11 +337,14 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
     if run.compile_seconds is not None:
         metrics["compile_seconds"] = round(run.compile_seconds, 1)
     if run.distill is not None:
+        transfer = run.distill.teacher.get("transfer")  # teacher.json's record of the transfer set, or None
         metrics["distillation"] = {"teacher": run.distill.teacher["teacher"],
                                    "teacher_model_type": run.distill.teacher["model_type"], "alpha": run.distill.alpha,
                                    "temperature": run.distill.temperature,
                                    "final_hard_loss": round(last["train/hard_loss"], 4),
-                                   "final_soft_loss": round(last["train/soft_loss"], 4)}
+                                   "final_soft_loss": round(last["train/soft_loss"], 4),
+                                   "transfer": transfer and {"rows": transfer["rows"], "kind": transfer["params"]["kind"],
+                                                             "weight": run.distill.transfer_weight}}
     if torch.cuda.is_available():
         metrics["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return metrics

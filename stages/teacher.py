@@ -4,8 +4,10 @@ With ``distill.teacher`` (a fine-tuned model folder under models/own, of any fam
 the train split's texts of data/raw with its own tokenizer, in the row order of data/tokenized, and writes
 data/teacher/: ``logits.npy`` (``[rows, num_labels]`` float32), ``logits_swapped.npy`` where data/tokenized holds
 each pair in both orders (``train.swap_pairs``), and ``teacher.json`` (its identity: folder, model type, weights'
-sha256, labels, rows, seconds). With ``distill.teacher: null`` it writes only ``teacher.json`` saying distillation is
-off, loading nothing. The folder is written atomically (finetune/teacher.py).
+sha256, labels, rows, seconds). With ``distill.transfer`` it makes the transfer set (unlabelled pairs,
+finetune/transfer.py) and scores it too: ``transfer.parquet`` and ``transfer_logits.npy``. With
+``distill.teacher: null`` it writes only ``teacher.json`` saying distillation is off, loading nothing. The folder is
+written atomically (finetune/teacher.py).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ def main() -> None:
         write_off(paths.teacher)
         log.info("distill.teacher is null: distillation is off; wrote %s only", paths.teacher / "teacher.json")
         return
-    logits, logits_swapped, identity = teacher_logits(params, paths)
-    save_teacher(paths.teacher, logits, logits_swapped, identity)
-    log.info("Wrote the teacher's logits %s%s of %d train rows to %s (%.1f s)", list(logits.shape),
-             " in both orders" if logits_swapped is not None else "", identity["rows"], paths.teacher,
-             identity["seconds"])
+    teacher = teacher_logits(params, paths)
+    save_teacher(paths.teacher, teacher)
+    transfer = teacher.transfer
+    log.info("Wrote the teacher's logits %s%s of %d train rows%s to %s (%.1f s)", list(teacher.logits.shape),
+             " in both orders" if teacher.logits_swapped is not None else "", teacher.identity["rows"],
+             f" and {len(transfer.pairs)} transfer pairs" if transfer is not None else "", paths.teacher,
+             teacher.identity["seconds"])
 
 
 if __name__ == "__main__":

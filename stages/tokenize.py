@@ -18,7 +18,7 @@ from finetune.params import Params, load_params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir, run_stage, write_json
 from finetune.tasks import Task
-from finetune.tokenization import length_stats, tokenize
+from finetune.tokenization import length_stats, tokenize, truncation_length
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def tokenize_splits(params: Params, paths: Paths) -> dict:
     """Tokenize every split of ``paths.raw`` into ``paths.tokenized``; return token-length stats per split."""
     tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
     task = Task.load(paths.raw)
-    max_length = params.tokenize.max_length or tokenizer.model_max_length
+    max_length = truncation_length(tokenizer, params.tokenize.max_length)
     both_orders = task.symmetric and params.train.swap_pairs  # the train stage refuses swap_pairs for other tasks
     log.info("Tokenizing %s (%s%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
              ", both orders (train.swap_pairs)" if both_orders else "", type(tokenizer).__name__, max_length)

@@ -20,6 +20,7 @@ from finetune.batches import TEACHER_LOGITS, make_collator
 from finetune.distill import distillation_loss, load_teacher
 from finetune.errors import DataError, ParamsError, TeacherError
 from finetune.modeling import load_classifier, load_finetuned
+from finetune.params import TransferParams
 from finetune.tasks import Task, glue_task, own_task
 from finetune.teacher import (LOGITS_FILE, SWAPPED_LOGITS_FILE, TEACHER_FILE, check_aligned, save_teacher,
                               teacher_logits)
@@ -147,10 +148,10 @@ def project(tiny_raw, tiny_checkpoint, teacher_model, tmp_path, monkeypatch):
 
 def run_teacher(params, paths):
     """The teacher stage's work (stages/teacher.py), in this process."""
-    logits, logits_swapped, identity = teacher_logits(params, paths)
-    save_teacher(paths.teacher, logits, logits_swapped, identity)
+    teacher = teacher_logits(params, paths)
+    save_teacher(paths.teacher, teacher)
     reset_accelerate()
-    return identity
+    return teacher.identity
 
 
 def direct_logits(teacher_folder, texts: list[tuple[str, str]]) -> np.ndarray:
@@ -171,7 +172,7 @@ def test_the_teacher_stage_writes_logits_row_for_row_with_its_own_tokenizer(proj
     assert logits.dtype == np.float32 and logits.shape == (40, 2)
     # row i is raw train row i, though the stage batches sorted by length (evaluate.sort_by_length)
     params = params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"sort_by_length": True})})
-    sorted_logits, _, _ = teacher_logits(params, paths)
+    sorted_logits = teacher_logits(params, paths).logits
     np.testing.assert_allclose(sorted_logits, logits, atol=1e-5)
     train = tiny_raw["train"]
     rows = [0, 7, 39]
@@ -347,7 +348,7 @@ def outcome(paths, metrics: dict) -> tuple[dict, dict, dict]:
     weights = load_file(paths.trained / "model.safetensors")
     logs = {}
     for tsv in sorted(paths.train_logs.rglob("*.tsv")):
-        logs[str(tsv.relative_to(paths.root))] = pd.read_csv(tsv, sep="\t").round(6).to_dict("list")
+        logs[str(tsv.relative_to(paths.root))] = pd.read_csv(tsv, sep="\t").round(6).fillna("NaN").to_dict("list")
     return weights, {k: v for k, v in metrics.items() if k not in TIMING_KEYS}, logs
 
 
@@ -357,7 +358,7 @@ def test_training_with_a_teacher_logs_hard_and_soft_loss(distilled):
     distill = metrics["distillation"]
     assert metrics["steps"] == 10 and distill == {
         "teacher": TEACHER, "teacher_model_type": "mpnet", "alpha": 0.5, "temperature": 2.0,
-        "final_hard_loss": distill["final_hard_loss"], "final_soft_loss": distill["final_soft_loss"]}
+        "final_hard_loss": distill["final_hard_loss"], "final_soft_loss": distill["final_soft_loss"], "transfer": None}
     assert distill["final_hard_loss"] > 0 and distill["final_soft_loss"] > 0
     steps = paths.train_logs / "steps" / "plots" / "metrics" / "train"
     for name in ("loss", "hard_loss", "soft_loss", "lr"):
@@ -479,3 +480,229 @@ def test_the_teacher_stage_sits_between_collate_check_and_train():
     assert {"data/raw", "data/tokenized", "models/own"} <= set(teacher["deps"]) and teacher["outs"] == ["data/teacher"]
     assert "distill.teacher" in teacher["params"]
     assert "data/teacher" in stages["train"]["deps"] and "distill" in stages["train"]["params"]
+
+
+# --- the transfer set (distill.transfer) ------------------------------------------------------------------------------
+
+TRANSFER = yaml.safe_load((REPO / "params.yaml").read_text())["distill"]["transfer"]  # params.yaml's
+NEIGHBOURS = {"transfer": {**TRANSFER, "kind": "neighbours", "k": 3, "max_pairs": 48}}  # 48 pairs beside 40 train rows
+
+
+def mrpc_rows(start: int, stop: int, **replace) -> "Dataset":
+    """Rows ``start:stop`` of MRPC's train split (the local copy of params.yaml data.local_copy), with
+    ``replace``: {column: {row: text}}."""
+    from datasets import Dataset
+
+    local_copy = yaml.safe_load((REPO / "params.yaml").read_text())["data"]["local_copy"]
+    df = pd.read_parquet(REPO / local_copy / "mrpc" / "train-00000-of-00001.parquet").iloc[start:stop]
+    df = df.reset_index(drop=True)
+    for column, rows in replace.items():
+        for row, text in rows.items():
+            df.loc[row, column] = text
+    return Dataset.from_pandas(df, preserve_index=False)
+
+
+def test_neighbour_pairs_are_of_train_texts_never_a_train_pair_a_repeat_or_a_held_out_text():
+    from datasets import DatasetDict
+
+    from finetune.transfer import make_transfer_set
+
+    train = mrpc_rows(0, 300)
+    shared = train[5]["sentence1"]  # a train sentence that validation holds too (MRPC reuses 284 such sentences)
+    raw = DatasetDict({"train": train, "validation": mrpc_rows(300, 340, sentence2={3: shared}),
+                       "test": mrpc_rows(340, 380)})
+    p = TransferParams(**{**NEIGHBOURS["transfer"], "max_pairs": None, "min_similarity": 0.2, "max_similarity": 0.6})
+    pairs, described = make_transfer_set(p, raw, MRPC)
+    assert described["rows"] == described["made"] == len(pairs) > 100
+    train_texts = set(train["sentence1"]) | set(train["sentence2"])
+    held_out = {t for split in ("validation", "test") for c in ("sentence1", "sentence2") for t in raw[split][c]}
+    texts = set(pairs["sentence1"]) | set(pairs["sentence2"])
+    assert texts <= train_texts and not texts & held_out and shared not in texts
+    train_pairs = set(zip(train["sentence1"], train["sentence2"]))
+    for a, b in zip(pairs["sentence1"], pairs["sentence2"]):
+        assert a != b and (a, b) not in train_pairs and (b, a) not in train_pairs
+    assert len({frozenset(pair) for pair in zip(pairs["sentence1"], pairs["sentence2"])}) == len(pairs)  # MRPC is
+    assert pairs["similarity"].between(0.2, 0.6, inclusive="left").all()  # symmetric: either order once
+    assert pairs.groupby("sentence1").size().max() <= 3  # k neighbours a query
+    sampled, described = make_transfer_set(p.model_copy(update={"max_pairs": 50}), raw, MRPC)
+    again, _ = make_transfer_set(p.model_copy(update={"max_pairs": 50}), raw, MRPC)
+    assert len(sampled) == described["rows"] == 50 and described["made"] == len(pairs)
+    pd.testing.assert_frame_equal(sampled, again)  # seeded
+    assert sampled.merge(pairs).shape[0] == 50  # a sample of the pairs, in their order
+
+
+def test_file_pairs_drop_empty_repeated_train_and_held_out_rows(tmp_path, monkeypatch, tiny_raw):
+    from finetune.transfer import make_transfer_set
+
+    monkeypatch.chdir(tmp_path)
+    train, test = tiny_raw["train"][0], tiny_raw["test"][0]
+    rows = [("A new sentence.", "Another one."), ("A new sentence.", "Another one."), ("", "Empty."),
+            (train["sentence1"], train["sentence2"]), (test["sentence1"], "Fine otherwise."), ("Last.", "Pair.")]
+    (tmp_path / "data/own").mkdir(parents=True)
+    pd.DataFrame(rows, columns=["sentence1", "sentence2"]).assign(note="x").to_csv("data/own/pairs.csv", index=False)
+    p = TransferParams(**{**TRANSFER, "kind": "files", "files": ["data/own/pairs.csv"]})
+    pairs, described = make_transfer_set(p, tiny_raw, MRPC)
+    assert pairs[["sentence1", "sentence2"]].values.tolist() == [["A new sentence.", "Another one."],
+                                                                ["Last.", "Pair."]]
+    assert set(pairs["source"]) == {"data/own/pairs.csv"} and described["rows"] == 2
+    pd.DataFrame({"question": ["q"], "answer": ["a"]}).to_csv("data/own/other.csv", index=False)
+    with pytest.raises(DataError, match=r"data/own/other.csv: no column 'sentence1' \(distill.transfer.files"):
+        make_transfer_set(p.model_copy(update={"files": ["data/own/other.csv"]}), tiny_raw, MRPC)
+
+
+@pytest.mark.parametrize("transfer,message", [
+    ({"kind": "files"}, "distill.transfer: files: set it"),
+    ({"files": ["data/own/x.csv"]}, "distill.transfer: files: set it"),
+    ({"kind": "files", "files": ["elsewhere/x.csv"]}, "distill.transfer: files: 'elsewhere/x.csv' is not under data/own/"),
+    ({"min_similarity": 0.5, "max_similarity": 0.5}, "distill.transfer: min_similarity \\(0.5\\) must be below"),
+    ({"k": 0}, "distill.transfer.k: Input should be greater than or equal to 1"),
+    ({"weight": -1}, "distill.transfer.weight: Input should be greater than or equal to 0"),
+])
+def test_bad_transfer_params_are_named(transfer, message, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ParamsError, match=f"tiny params: {message}"):
+        tiny_params(distill={"transfer": {**TRANSFER, **transfer}})
+
+
+def test_a_transfer_set_needs_a_teacher_and_a_pair_task(monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ParamsError, match="tiny params: distill: transfer.kind is 'neighbours' but teacher is null"):
+        tiny_params(distill={"transfer": {**TRANSFER, "kind": "neighbours"}})
+    from finetune.transfer import make_transfer_set
+
+    p = TransferParams(**{**TRANSFER, "kind": "neighbours"})
+    with pytest.raises(ParamsError, match="neighbours makes pairs, but task 'sst2' has one text column"):
+        make_transfer_set(p, {"train": None}, glue_task("sst2"))
+
+
+def test_transfer_rows_follow_the_train_rows_flagged_and_batched_with_their_logits(tokenizer, tiny_tokenized):
+    from datasets import load_from_disk
+
+    from finetune.distill import TRANSFER, with_teacher_logits, with_transfer_rows
+    from finetune.teacher import Teacher, TransferSet
+
+    train = load_from_disk(str(tiny_tokenized))["train"]  # both orders of each pair
+    train = with_teacher_logits(train, Teacher({}, np.zeros((40, 2), np.float32), np.ones((40, 2), np.float32)))
+    pairs = pd.DataFrame({"sentence1": ["The court met.", "Police said so.", "It rained."],
+                          "sentence2": ["The judges met.", "Officers said it.", "Shares fell."]})
+    logits = np.arange(6, dtype=np.float32).reshape(3, 2)
+    transfer = TransferSet(pairs, logits, logits + 10)
+    rows = with_transfer_rows(train, transfer, tokenizer, None, MRPC)
+    assert len(rows) == 43 and rows[TRANSFER] == [0] * 40 + [1] * 3 and rows["labels"][40:] == [-100] * 3
+    assert rows["labels"][:40] == train["labels"]
+    assert rows[41]["input_ids"] == tokenizer("Police said so.", "Officers said it.")["input_ids"]
+    batch = make_collator(tokenizer)([rows[i] for i in (0, 41, 42)])
+    assert batch[TRANSFER].tolist() == [0, 1, 1] and batch[TEACHER_LOGITS].tolist() == [[0, 0], [2, 3], [4, 5]]
+    swapped = make_collator(tokenizer, swap=1.0)([rows[i] for i in (0, 41)])
+    assert swapped[TEACHER_LOGITS].tolist() == [[1, 1], [12, 13]]
+    assert swapped["input_ids"][1].tolist()[:len(rows[41]["input_ids"])] == tokenizer(
+        "Officers said it.", "Police said so.")["input_ids"]
+
+
+def transfer_params(params, **changes):
+    return changed(params, "distill", transfer=params.distill.transfer.model_copy(update=changes))
+
+
+@pytest.fixture
+def with_transfer(project):
+    """A project whose teacher stage has scored 48 neighbour pairs too (both orders: train.swap_pairs)."""
+    params, paths = project(name="transfer", train={"swap_pairs": True}, distill=NEIGHBOURS)
+    run_teacher(params, paths)
+    return params, paths
+
+
+def test_the_teacher_stage_scores_the_transfer_set_in_both_orders(with_transfer, teacher_model):
+    from finetune.split_zip import sha256_file
+    from finetune.transfer import SWAPPED_TRANSFER_LOGITS_FILE, TRANSFER_FILE, TRANSFER_LOGITS_FILE
+
+    params, paths = with_transfer
+    assert sorted(p.name for p in paths.teacher.iterdir()) == sorted(
+        [LOGITS_FILE, SWAPPED_LOGITS_FILE, TEACHER_FILE, TRANSFER_FILE, TRANSFER_LOGITS_FILE,
+         SWAPPED_TRANSFER_LOGITS_FILE])
+    pairs = pd.read_parquet(paths.teacher / TRANSFER_FILE)
+    logits, swapped = (np.load(paths.teacher / name) for name in (TRANSFER_LOGITS_FILE, SWAPPED_TRANSFER_LOGITS_FILE))
+    assert len(pairs) == 48 and logits.shape == swapped.shape == (48, 2) and logits.dtype == np.float32
+    rows = [0, 30, 47]
+    texts = [(pairs["sentence1"][i], pairs["sentence2"][i]) for i in rows]
+    np.testing.assert_allclose(logits[rows], direct_logits(teacher_model, texts), atol=1e-4)
+    np.testing.assert_allclose(swapped[rows], direct_logits(teacher_model, [(b, a) for a, b in texts]), atol=1e-4)
+    recorded = json.loads((paths.teacher / TEACHER_FILE).read_text())["transfer"]
+    assert recorded["params"] == params.distill.transfer.model_dump() and recorded["rows"] == 48
+    assert recorded["made"] > 48 and "TF-IDF" in recorded["how"]
+    assert recorded["sha256"] == sha256_file(paths.teacher / TRANSFER_FILE)
+
+
+def test_transfer_rows_carry_no_hard_label_loss():
+    from finetune.distill import transfer_distillation_loss
+
+    student, labels, teacher = batch(seed=7, rows=6)
+    transfer = torch.tensor([0, 1, 0, 1, 1, 0])
+    loss, hard, soft = transfer_distillation_loss(student, labels, teacher, transfer, 0.3, 2.0, 0.5, False)
+    other = torch.where(transfer.bool(), (labels + 1) % 3, labels)  # another label on the transfer rows only
+    assert transfer_distillation_loss(student, other, teacher, transfer, 0.3, 2.0, 0.5, False)[0].item() == \
+        pytest.approx(loss.item(), abs=0)
+    rows = [distillation_loss(student[[i]], labels[[i]], teacher[[i]], 0.3, 2.0, False) for i in range(6)]
+    by_hand = [0.5 * r[2] if transfer[i] else r[0] for i, r in enumerate(rows)]
+    assert loss.item() == pytest.approx(sum(v.item() for v in by_hand) / 6, rel=1e-6)
+    assert hard.item() == pytest.approx(np.mean([rows[i][1].item() for i in (0, 2, 5)]), rel=1e-6)
+    assert soft.item() == pytest.approx(np.mean([r[2].item() for r in rows]), rel=1e-6)
+    all_transfer = transfer_distillation_loss(student, labels, teacher, torch.ones(6), 0.3, 2.0, 1.0, False)
+    assert math.isnan(all_transfer[1].item()) and all_transfer[0].item() == pytest.approx(soft.item(), rel=1e-6)
+    none = transfer_distillation_loss(student, labels, teacher, torch.zeros(6), 0.3, 2.0, 1.0, False)
+    plain = distillation_loss(student, labels, teacher, 0.3, 2.0, False)
+    assert [v.item() for v in none] == pytest.approx([v.item() for v in plain], rel=1e-6)
+    scores, targets = torch.tensor([[1.0], [2.0]]), torch.tensor([0.0, float("nan")])  # regression: NaN, no label
+    loss, hard, soft = transfer_distillation_loss(scores, targets, torch.tensor([[1.5], [4.0]]), torch.tensor([0, 1]),
+                                                  0.5, 2.0, 1.0, True)
+    assert (hard.item(), soft.item(), loss.item()) == pytest.approx((1.0, (0.25 + 4) / 2, (0.5 + 0.125 + 4) / 2))
+
+
+def test_training_with_a_transfer_set_sees_every_pair_each_epoch_and_resumes(with_transfer, monkeypatch):
+    params, paths = with_transfer
+    params = changed(params, "train", epochs=2)
+    metrics = train(params, paths)
+    assert metrics["train_samples"] == 2 * (40 + 48) and metrics["steps"] == 2 * 11  # batch 8
+    assert metrics["distillation"]["transfer"] == {"rows": 48, "kind": "neighbours", "weight": 1.0}
+    assert not math.isnan(metrics["distillation"]["final_hard_loss"]) and metrics["distillation"]["final_soft_loss"] > 0
+    expected = outcome(paths, metrics)
+    reset_accelerate()
+    shutil.rmtree(paths.checkpoints)
+    train_epoch = training.train_epoch
+
+    def interrupt_in_epoch_2(run, state, *args):
+        if state.epoch == 1:
+            raise KeyboardInterrupt
+        return train_epoch(run, state, *args)
+
+    monkeypatch.setattr(training, "train_epoch", interrupt_in_epoch_2)
+    with pytest.raises(KeyboardInterrupt):
+        train(params, paths)
+    monkeypatch.setattr(training, "train_epoch", train_epoch)
+    reset_accelerate()
+    resumed = train(params, paths)
+    assert resumed["resumed_from_step"] == 11
+    weights, resumed, logs = outcome(paths, resumed)
+    assert all(weights[k].equal(expected[0][k]) for k in weights) and resumed == expected[1] and logs == expected[2]
+
+
+def test_transfer_outputs_that_do_not_match_are_refused_naming_the_file(with_transfer):
+    from finetune.transfer import TRANSFER_FILE, TRANSFER_LOGITS_FILE
+
+    params, paths = with_transfer
+    assert len(load(params, paths).transfer.pairs) == 48
+    with pytest.raises(TeacherError, match=r"teacher.json: holds the transfer set of .*'k': 3.*, not of "
+                                           r"distill.transfer .*'k': 4.*rerun `dvc repro teacher`"):
+        load(transfer_params(params, k=4), paths)
+    with pytest.raises(TeacherError, match="teacher.json: holds a transfer set \\(neighbours\\), but "
+                                           "distill.transfer.kind is null"):
+        load(transfer_params(params, kind=None), paths)
+    logits = np.load(paths.teacher / TRANSFER_LOGITS_FILE)
+    np.save(paths.teacher / TRANSFER_LOGITS_FILE, logits[:40])
+    with pytest.raises(TeacherError, match=r"transfer_logits.npy: shape \[40, 2\], but .*transfer.parquet has 48 "
+                                           "pairs"):
+        load(params, paths)
+    np.save(paths.teacher / TRANSFER_LOGITS_FILE, logits)
+    pairs = pd.read_parquet(paths.teacher / TRANSFER_FILE)
+    pairs.iloc[::-1].to_parquet(paths.teacher / TRANSFER_FILE, index=False)  # other rows for the same logits
+    with pytest.raises(TeacherError, match="transfer.parquet: not the transfer set teacher.json records"):
+        train(params, paths)
