@@ -375,6 +375,22 @@ def test_training_with_a_teacher_logs_hard_and_soft_loss(distilled):
         assert loss == pytest.approx(0.5 * h + 0.5 * s, rel=1e-5)
 
 
+def interrupt_in_epoch_2(params, paths, monkeypatch) -> None:
+    """``train(params, paths)`` interrupted (KeyboardInterrupt) as its second epoch starts, after the first epoch's
+    checkpoint; ``finetune.training.train_epoch`` is itself again afterwards."""
+    train_epoch = training.train_epoch
+
+    def interrupted(run, state, *args):
+        if state.epoch == 1:
+            raise KeyboardInterrupt
+        return train_epoch(run, state, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "train_epoch", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            train(params, paths)
+
+
 def test_an_interrupted_distilled_run_resumes_to_the_uninterrupted_result(project, monkeypatch):
     settings = {"train": {"swap_pairs": True, "epochs": 3}, "distill": {"alpha": 0.7, "temperature": 3.0}}
     params, paths = project(name="whole", **settings)
@@ -384,18 +400,8 @@ def test_an_interrupted_distilled_run_resumes_to_the_uninterrupted_result(projec
 
     params, paths = project(name="interrupted", **settings)
     run_teacher(params, paths)
-    train_epoch = training.train_epoch
-
-    def interrupt_in_epoch_2(run, state, *args):
-        if state.epoch == 1:
-            raise KeyboardInterrupt
-        return train_epoch(run, state, *args)
-
-    monkeypatch.setattr(training, "train_epoch", interrupt_in_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        train(params, paths)
+    interrupt_in_epoch_2(params, paths, monkeypatch)
     assert not paths.trained.exists() and (paths.checkpoints / "step-5").is_dir()
-    monkeypatch.setattr(training, "train_epoch", train_epoch)
     reset_accelerate()
     metrics = train(params, paths)
     assert metrics["resumed_from_step"] == 5
@@ -667,17 +673,7 @@ def test_training_with_a_transfer_set_sees_every_pair_each_epoch_and_resumes(wit
     expected = outcome(paths, metrics)
     reset_accelerate()
     shutil.rmtree(paths.checkpoints)
-    train_epoch = training.train_epoch
-
-    def interrupt_in_epoch_2(run, state, *args):
-        if state.epoch == 1:
-            raise KeyboardInterrupt
-        return train_epoch(run, state, *args)
-
-    monkeypatch.setattr(training, "train_epoch", interrupt_in_epoch_2)
-    with pytest.raises(KeyboardInterrupt):
-        train(params, paths)
-    monkeypatch.setattr(training, "train_epoch", train_epoch)
+    interrupt_in_epoch_2(params, paths, monkeypatch)
     reset_accelerate()
     resumed = train(params, paths)
     assert resumed["resumed_from_step"] == 11
