@@ -12,6 +12,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from tests.helpers import make_checkpoint, make_raw, reset_accelerate, tiny_params, write_hub_folder  # noqa: E402
 
 
+def pytest_configure(config):
+    """Each pytest-xdist worker, and every process it starts, runs on its own share of this machine's CPUs
+    (``os.sched_setaffinity``): with 2 workers on 2 cores, each stage or training a worker starts sees one CPU
+    (``finetune.runtime.set_cpu_threads``) instead of two torch threads per worker fighting over both cores.
+    ``TESTS_PIN_WORKERS=0`` turns it off."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    if worker and os.environ.get("TESTS_PIN_WORKERS", "1") != "0" and 1 < count <= len(cpus):
+        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % count::count])
+
+
 @pytest.fixture(scope="session")
 def tiny_raw():
     """40 train, 21 validation and 19 test sentence pairs."""

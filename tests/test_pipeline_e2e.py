@@ -48,7 +48,8 @@ def lr_of(data: dict) -> float:
     return float(data["params"]["params.yaml"]["data"]["train"]["lr"])
 
 
-# The tests below run in order on one project: repro, then experiments, then a second commit and the report.
+# The tests below run in order on one project: repro, then experiments, a second commit and the report, then
+# experiments from that commit.
 
 def test_repro_runs_every_stage_then_nothing(project):
     root = project
@@ -157,6 +158,26 @@ def test_exp_run_shows_in_exp_show(project):
     run(dvc("checkout"), root)
 
 
+def test_report_compares_two_commits(project, tmp_path):
+    # The experiment lr-3e-4 (test_exp_run_shows_in_exp_show) applied and committed: its outputs come from the cache.
+    root = project
+    run(dvc("exp", "apply", "lr-3e-4"), root)
+    assert "Running stage" not in run(dvc("repro"), root)
+    run(["git", "add", "-A"], root)
+    run(["git", "commit", "-qm", "lr 3e-4"], root)
+
+    run(python("-m", "tools.report", "--base", "HEAD~1", "--rev", "HEAD", "--out", str(tmp_path)), root)
+    report = (tmp_path / "report.md").read_text()
+    assert "| params.yaml | train.lr | 0.001" in report and "0.0003" in report
+    assert "| metrics/eval.json  | validation.loss" in report and "Change" in report
+    for plot_id in ("train_loss_by_step", "validation_confusion_matrix", "f1"):
+        image = tmp_path / "plots" / f"{plot_id}.png"
+        assert f"](plots/{plot_id}.png)" in report and image.read_bytes()[:4] == b"\x89PNG"
+
+    failed = run(python("-m", "tools.report", "--base", "no-such-rev", "--out", str(tmp_path)), root, ok=False)
+    assert "unknown Git revision 'no-such-rev'" in failed and "Traceback" not in failed
+
+
 def test_exp_run_switches_task_without_a_code_change(project):
     root = project
     # A GLUE task by name: STS-B, regression, no test split.
@@ -174,21 +195,21 @@ def test_exp_run_switches_task_without_a_code_change(project):
 
 
 def test_exp_run_switches_own_files_with_set_param_only(project):
-    # Own pair files with a test split, then the user's own CSV of another kind (one text column, three string labels,
-    # no validation and no test file) by -S alone: -S merges a mapping into params.yaml's (its validation and test
-    # entries would stay), and data.files.<split>=null drops one.
+    # From the GLUE task, the user's own CSV (one text column, three string labels, no validation and no test file) by
+    # -S alone. -S merges a mapping into params.yaml's: with data.files already listing three splits (as after a run on
+    # other own files), `-S data.files={train: ...}` keeps their validation and test entries, and data.files.<split>=null
+    # drops one. (Own pair files with a test split: tests/test_tasks.py.)
     root = project
-    for name, (n, seed) in {"a/train": (32, 0), "a/dev": (12, 1), "a/test": (10, 2)}.items():
-        write_own_file(own_frame("pair-2", n, seed), root / f"data/own/{name}.csv")
     write_own_file(own_frame("single-3", 48, 0), root / "data/own/b/reviews.csv")
     run(["git", "add", "data/own"], root)
-    run(["git", "commit", "-qm", "own files a and b"], root)
-    files_a = "data.files={train: data/own/a/train.csv, validation: data/own/a/dev.csv, test: data/own/a/test.csv}"
-    run(dvc("exp", "run", "--name", "own-a", "-S", "data.dataset=null", "-S", "data.config=null", "-S",
-            "data.text_columns=[question, answer]", "-S", "data.label_column=verdict", "-S", files_a), root)
-    assert list(json.loads((root / "metrics/eval.json").read_text())) == ["validation", "test"]
+    run(["git", "commit", "-qm", "own file b"], root)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["data"]["files"] = {"train": "data/own/a/train.csv", "validation": "data/own/a/dev.csv",
+                               "test": "data/own/a/test.csv"}
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
-    out = run(dvc("exp", "run", "--name", "own-b", "-S", "data.files={train: data/own/b/reviews.csv}", "-S",
+    out = run(dvc("exp", "run", "--name", "own-b", "-S", "data.dataset=null", "-S", "data.config=null", "-S",
+                  "data.files={train: data/own/b/reviews.csv}", "-S",
                   "data.files.validation=null", "-S", "data.files.test=null", "-S", "data.text_columns=[text]", "-S",
                   "data.label_column=mood"), root)
     assert "No test split in the data" in out
@@ -207,27 +228,6 @@ def test_exp_run_switches_own_files_with_set_param_only(project):
     assert "macro_f1" in shown and shown["baseline"] == evaluation["validation"]["baseline"]
     run(["git", "checkout", "--", "."], root)
     run(dvc("checkout"), root)
-
-
-def test_report_compares_two_commits(project, tmp_path):
-    root = project
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["train"]["lr"] = 5e-4
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    run(dvc("repro"), root)
-    run(["git", "add", "-A"], root)
-    run(["git", "commit", "-qm", "lr 5e-4"], root)
-
-    run(python("-m", "tools.report", "--base", "HEAD~1", "--rev", "HEAD", "--out", str(tmp_path)), root)
-    report = (tmp_path / "report.md").read_text()
-    assert "| params.yaml | train.lr | 0.001" in report and "0.0005" in report
-    assert "| metrics/eval.json  | validation.loss" in report and "Change" in report
-    for plot_id in ("train_loss_by_step", "validation_confusion_matrix", "f1"):
-        image = tmp_path / "plots" / f"{plot_id}.png"
-        assert f"](plots/{plot_id}.png)" in report and image.read_bytes()[:4] == b"\x89PNG"
-
-    failed = run(python("-m", "tools.report", "--base", "no-such-rev", "--out", str(tmp_path)), root, ok=False)
-    assert "unknown Git revision 'no-such-rev'" in failed and "Traceback" not in failed
 
 
 def test_bad_param_stops_the_stage_with_one_message(project):
