@@ -22,12 +22,14 @@ train's majority class covers less than that of the gold rows (data that skewed 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-import evaluate
 import numpy as np
 
-from finetune.evaluation import score
 from finetune.tasks import LOWER_IS_BETTER, Task
+
+if TYPE_CHECKING:  # the card stage reads the verdicts without importing evaluate (and with it transformers.pipelines)
+    import evaluate
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ def constant_baseline(task: Task, metric: evaluate.EvaluationModule, train_label
         classification ``{"class": <train's majority class name>, "share": <its share of gold>, <the task's metrics>}``;
         regression ``{"mean": <train's mean score>, <the task's metrics>}``; values rounded to 4 decimals.
     """
+    from finetune.evaluation import score
+
     train_labels, gold = np.asarray(train_labels), np.asarray(gold)
     if task.is_regression:
         constant = float(train_labels.mean())
