@@ -66,9 +66,9 @@ def test_grouped_bf16_fused_training_runs_and_reports_padding(tiny_project):
     fast = tiny_params(train={"batch_size": 4, "group_by_length": True, "mixed_precision": "bf16", "adamw_impl": "fused",
                               "num_threads": 2})
     fast_metrics = train(fast, tiny_project("fast", fast))
+    assert torch.get_num_threads() == 2  # train.num_threads
     reset_accelerate()
     plain_metrics = train(plain, tiny_project("plain", plain))
     assert np.isfinite(fast_metrics["final_loss"]) and fast_metrics["steps"] == plain_metrics["steps"] == 20
     assert fast_metrics["real_tokens"] == plain_metrics["real_tokens"]  # the same examples, only batched differently
     assert fast_metrics["padding_fraction"] < plain_metrics["padding_fraction"]
-    assert torch.get_num_threads() == 2
