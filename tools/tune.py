@@ -36,8 +36,8 @@ from finetune.errors import ParamsError
 from finetune.params import PARAMS_FILE
 from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
 from finetune.trial import make_pruner, open_storage, trial_env
-from tools.recipe import committed_params, flow, read_yaml, set_params
-from tools.search_space import SearchSpace, load_space, nested, with_fixed
+from tools.recipe import flow, read_yaml
+from tools.search_space import SearchSpace, load_space, with_fixed
 from tools.tune_report import experiment_result, write_report
 
 log = logging.getLogger("tools.tune")
@@ -85,8 +85,6 @@ class Objective:
 
     def __init__(self, args: argparse.Namespace, space: SearchSpace, metric: str):
         self.args, self.space, self.metric = args, space, metric
-        self.committed = committed_params()
-        self.workspace = read_yaml(Path(PARAMS_FILE).read_text(), str(PARAMS_FILE))
         self.head = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True,
                                    text=True).stdout.strip()
         self.failures = 0
@@ -102,9 +100,10 @@ class Objective:
                          trial.number, same.number)
                 return same.value
             raise optuna.TrialPruned(f"the configuration of trial {same.number} ({same.state.name}), not run twice")
-        pairs = set_params(nested({**self.space.fixed, **values}), self.committed, self.workspace,
-                           source=self.space.source)
-        pairs = [p for p in pairs if not p.startswith(("train.seed=", "evaluate.splits="))]
+        # every key of the trial, whatever params.yaml holds: another worker's `dvc exp run` rewrites params.yaml
+        # for a moment while it stashes its run (under DVC's lock), so reading it here could see that run's values
+        pairs = [f"{key}={flow(value)}" for key, value in {**self.space.fixed, **values}.items()
+                 if key not in ("train.seed", "evaluate.splits")]
         scores = []
         for i, seed in enumerate(self.args.seeds):
             name = experiment_name(trial.study.study_name, trial.number, seed, self.args.seeds)
