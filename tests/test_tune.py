@@ -163,8 +163,9 @@ def learnable(n: int, seed: int) -> Dataset:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, tiny_checkpoint) -> Path:
-    """A committed tiny project whose pipeline ran up to the teacher stage on the splits a trial evaluates, so a
-    trial runs train and evaluate only: 160 learnable train rows, 4 epochs of 20 steps, mean pooling."""
+    """A committed tiny project whose pipeline ran up to the teacher and collate-check stages (neither depends on
+    the other) on the splits a trial evaluates, so a trial runs train and evaluate only: 160 learnable train rows, 4
+    epochs of 20 steps, mean pooling."""
     splits = {"train": learnable(160, 0), "validation": learnable(21, 1), "test": learnable(19, 2)}
     glue = write_hub_folder(tmp_path_factory.mktemp("hub") / "glue", splits)
     params = tiny_params(data={"dataset": str(glue), "local_copy": None},
@@ -176,7 +177,7 @@ def project(tmp_path_factory, tiny_checkpoint) -> Path:
     (root / "configs/search/tiny.yaml").write_text(SPACE)
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
         run(cmd, root)
-    run(dvc("repro", "teacher"), root)
+    run(dvc("repro", "teacher", "collate-check"), root)
     run(["git", "add", "-A"], root)
     run(["git", "commit", "-qm", "repro"], root)
     return root
