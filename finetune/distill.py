@@ -136,9 +136,10 @@ def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> 
 
     Raises:
         TeacherError: naming ``folder/teacher.json`` and ``distill.teacher``: no teacher.json, or one of another
-            teacher or saying distillation is off (a stale output: rerun the teacher stage); the teacher's labels or
-            task type differ from the task's; its logits have another row count or label count than ``train``
-            and ``task``, lack or have the swapped order where ``train`` has or lacks it, or are of other data.
+            teacher or other fold teachers (``distill.fold_teachers``) or saying distillation is off (a stale
+            output: rerun the teacher stage); the teacher's labels or task type differ from the task's; its logits
+            have another row count or label count than ``train`` and ``task``, lack or have the swapped order where
+            ``train`` has or lacks it, or are of other data.
     """
     if p.teacher is None:
         return None
@@ -153,6 +154,10 @@ def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> 
         raise TeacherError(f"{file}: says distillation is off {rerun}")
     if os.path.normpath(identity["teacher"]) != os.path.normpath(p.teacher):
         raise TeacherError(f"{file}: holds the logits of teacher {identity['teacher']!r}, not of {rerun}")
+    recorded = [t["teacher"] for t in identity.get("fold_teachers") or []] or None
+    if [os.path.normpath(t) for t in recorded or []] != [os.path.normpath(t) for t in p.fold_teachers or []]:
+        raise TeacherError(f"{file}: holds the logits of the fold teachers {recorded}, not of distill.fold_teachers "
+                           f"{p.fold_teachers} {rerun}")
     check_labels(identity, task, str(file))
     logits = np.load(folder / LOGITS_FILE)
     swapped_file = folder / SWAPPED_LOGITS_FILE

@@ -105,6 +105,20 @@ class TokenizeParams(_Section):
     num_proc: PositiveInt | None  # worker processes of Dataset.map (null: one; the fast tokenizer uses every core)
 
 
+class HoldoutFold(_Section):
+    """One fold of the train rows left out of a run: the run of a cross-fitted teacher (finetune/folds.py)."""
+
+    folds: int = Field(strict=True, ge=2)  # the train rows in this many folds (scikit-learn's KFold, shuffled)
+    fold: NonNegativeInt  # the fold left out, 0 to folds - 1
+    seed: NonNegativeInt  # KFold's shuffle
+
+    @model_validator(mode="after")
+    def _fold_in_range(self) -> "HoldoutFold":
+        if self.fold >= self.folds:
+            raise ValueError(f"fold {self.fold} is not one of the {self.folds} folds (0 to {self.folds - 1})")
+        return self
+
+
 class TrainParams(_Section):
     seed: NonNegativeInt  # model head initialisation, dropout and batch order
     epochs: PositiveInt | None  # the most epochs (early stopping may end sooner)
@@ -134,6 +148,7 @@ class TrainParams(_Section):
     swap_pairs: StrictBool  # symmetric pair tasks: train on both orders, average both at evaluation
     torch_compile: StrictBool
     num_threads: PositiveInt | None  # torch.set_num_threads on CPU (null: torch's default)
+    holdout_fold: HoldoutFold | None  # train without one fold of the train rows (a cross-fitted teacher; null: all)
 
     @field_validator("mixed_precision", mode="before")
     @classmethod
@@ -199,28 +214,45 @@ class DistillParams(_Section):
     alpha: float = Field(ge=0, le=1)  # weight of the soft loss: (1 - alpha) x hard + alpha x soft
     temperature: float = Field(gt=0)  # softens both distributions of the soft loss (classification)
     transfer: TransferParams  # unlabelled pairs labelled by the teacher only (kind null: none)
+    # cross-fitting: fold k's teacher trained with train.holdout_fold {folds: len, fold: k}; it labels fold k's rows
+    fold_teachers: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=2)
 
     @field_validator("teacher")
     @classmethod
     def _teacher_folder(cls, teacher: str | None) -> str | None:
-        if teacher is None:
-            return None
-        parts = Path(os.path.normpath(teacher)).parts
-        if Path(teacher).is_absolute() or parts[:2] != tuple(Path(OWN_MODELS).parts) or len(parts) < 3:
-            raise ValueError(f"{teacher!r} is not a folder under {OWN_MODELS}/; put the teacher there (a dependency of "
-                             "the teacher stage in dvc.yaml, so DVC reruns it when the teacher changes)")
-        # Relative to the working directory, the project root of a stage (a DVC-tracked folder of the project).
-        if not Path(teacher).is_dir():
-            raise ValueError(f"folder {teacher!r} not found (from {Path.cwd()}); a queued experiment sees it only "
-                             f"when it is tracked: `dvc add {teacher}` (docs/distillation.md)")
-        return teacher
+        return None if teacher is None else own_model_folder(teacher)
+
+    @field_validator("fold_teachers")
+    @classmethod
+    def _fold_teacher_folders(cls, teachers: list[str] | None) -> list[str] | None:
+        return None if teachers is None else [own_model_folder(teacher) for teacher in teachers]
 
     @model_validator(mode="after")
     def _transfer_needs_a_teacher(self) -> "DistillParams":
         if self.transfer.kind is not None and self.teacher is None:
             raise ValueError(f"transfer.kind is {self.transfer.kind!r} but teacher is null: a transfer set is "
                              "labelled by the teacher; set distill.teacher, or transfer.kind: null")
+        if self.fold_teachers is not None and self.teacher is None:
+            raise ValueError("fold_teachers is set but teacher is null: set distill.teacher too (the teacher of all "
+                             "the train rows, which labels the transfer set), or fold_teachers: null")
         return self
+
+
+def own_model_folder(teacher: str) -> str:
+    """``teacher`` (a ``distill`` folder param), checked: a folder under models/own that exists.
+
+    Raises:
+        ValueError: naming the folder.
+    """
+    parts = Path(os.path.normpath(teacher)).parts
+    if Path(teacher).is_absolute() or parts[:2] != tuple(Path(OWN_MODELS).parts) or len(parts) < 3:
+        raise ValueError(f"{teacher!r} is not a folder under {OWN_MODELS}/; put the teacher there (a dependency of "
+                         "the teacher stage in dvc.yaml, so DVC reruns it when the teacher changes)")
+    # Relative to the working directory, the project root of a stage (a DVC-tracked folder of the project).
+    if not Path(teacher).is_dir():
+        raise ValueError(f"folder {teacher!r} not found (from {Path.cwd()}); a queued experiment sees it only "
+                         f"when it is tracked: `dvc add {teacher}` (docs/distillation.md)")
+    return teacher
 
 
 class Int8Params(_Section):

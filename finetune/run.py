@@ -23,6 +23,7 @@ from finetune.collapse import constant_baseline
 from finetune.distill import Distillation, load_teacher, with_teacher_logits, with_transfer_rows
 from finetune.errors import ParamsError
 from finetune.evaluation import load_metric
+from finetune.folds import HOLDOUT_KEY, holdout_record, kept_rows
 from finetune.hardware import resolve_mixed_precision
 from finetune.modeling import load_classifier
 from finetune.optim import Schedule, make_optimizer, make_scheduler
@@ -88,10 +89,17 @@ def build_run(params: Params, paths: Paths) -> Run:
     check_swap_pairs(p, task, tokenized["train"])
     teacher = load_teacher(params.distill, paths.teacher, task, tokenized["train"])  # None: distillation off
     train_rows = tokenized["train"] if teacher is None else with_teacher_logits(tokenized["train"], teacher)
+    if p.holdout_fold is not None:  # the run of a cross-fitted teacher: one fold of the train rows left out
+        train_rows = train_rows.select(kept_rows(len(train_rows), p.holdout_fold))
+        log.info("train.holdout_fold: fold %d of %d (seed %d) left out; training on %d of %d train rows",
+                 p.holdout_fold.fold, p.holdout_fold.folds, p.holdout_fold.seed, len(train_rows),
+                 len(tokenized["train"]))
     if teacher is not None and teacher.transfer is not None:  # the transfer pairs, labelled by the teacher only
         train_rows = with_transfer_rows(train_rows, teacher.transfer, tokenizer, params.tokenize.max_length, task)
     model = load_classifier(paths.pretrained, task, params.model.pooling)
     model.config.swap_pairs = p.swap_pairs  # saved in config.json: evaluation averages both orders when true
+    if p.holdout_fold is not None:  # saved in config.json: the teacher stage checks a fold teacher's fold
+        setattr(model.config, HOLDOUT_KEY, holdout_record(len(tokenized["train"]), p.holdout_fold))
     parameters = sum(t.numel() for t in model.parameters())
     train_collator = make_collator(tokenizer, swap=0.5 if p.swap_pairs else 0.0, seed=p.seed)
     train_dl = train_dataloader(train_rows, train_collator, p.batch_size, p.seed, p.group_by_length)

@@ -16,6 +16,9 @@ with the student's data/tokenized. data/teacher holds:
   pair was made), ``transfer_logits.npy`` ``[pairs, num_labels]`` (and ``transfer_logits_swapped.npy`` with both
   orders), recorded in teacher.json's ``transfer`` (params, rows, how, the parquet's sha256).
 
+With ``distill.fold_teachers`` (cross-fitting, finetune/folds.py) the train rows' logits come from the fold teachers
+instead, each row's from the teacher whose run left its fold out; teacher.json's ``fold_teachers`` records them.
+
 torch, transformers and datasets are imported inside the functions that use them: the teacher stage with
 distillation off imports none of them.
 """
@@ -35,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from finetune.errors import DataError, TeacherError
+from finetune.folds import HOLDOUT_KEY, row_folds
 from finetune.params import Params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir, write_json
@@ -112,8 +116,8 @@ def describe_teacher(folder: Path, teacher: str) -> dict:
     """The identity of the teacher checkpoint ``folder`` (``distill.teacher`` is ``teacher``), from its config.json:
     ``teacher``, ``name_or_path`` (config's ``_name_or_path``, which transformers 5 no longer saves: often None),
     ``base_model`` (its model card's, for a models/finetuned folder of this pipeline), ``model_type``,
-    ``architectures``, ``weights`` (file -> sha256), ``task_type`` (regression or classification), ``num_labels`` and
-    ``id2label``.
+    ``architectures``, ``weights`` (file -> sha256), ``task_type`` (regression or classification), ``num_labels``,
+    ``id2label`` and ``holdout_fold`` (what its run left out with ``train.holdout_fold``, or None).
 
     Raises:
         CheckpointError: the folder lacks config, weights or tokenizer.
@@ -131,7 +135,7 @@ def describe_teacher(folder: Path, teacher: str) -> dict:
             "architectures": config.get("architectures"),
             "weights": {f.name: sha256_file(f) for f in sorted(folder.iterdir()) if f.suffix in WEIGHT_SUFFIXES},
             "task_type": "regression" if regression else "classification", "num_labels": num_labels,
-            "id2label": id2label}
+            "id2label": id2label, "holdout_fold": config.get(HOLDOUT_KEY)}
 
 
 def check_labels(identity: dict, task: Task, where: str) -> None:
@@ -200,12 +204,16 @@ def teacher_logits(params: Params, paths: Paths) -> Teacher:
     folder = paths.root / params.distill.teacher
     identity, task, raw, tokenized = teacher_inputs(folder, params.distill.teacher, paths)
     swapped = has_both_orders(tokenized)
-    sets, pairs, described = {"train": raw["train"]}, None, None
+    fold_teachers = params.distill.fold_teachers  # cross-fitting: they score the train rows instead
+    sets, pairs, described = {} if fold_teachers else {"train": raw["train"]}, None, None
     if params.distill.transfer.kind is not None:
         pairs, described = make_transfer_set(params.distill.transfer, raw, task)
         columns = list(task.text_columns)
         sets["transfer"] = Dataset.from_pandas(pairs[columns].assign(idx=range(len(pairs))), preserve_index=False)
-    outputs, run = score_rows(params, folder, identity, task, sets, swapped)
+    outputs, run = score_rows(params, folder, identity, task, sets, swapped) if sets else ({}, {})
+    if fold_teachers:
+        outputs["train"], run, identity["fold_teachers"] = cross_fitted_logits(params, paths, task, raw["train"],
+                                                                               swapped)
     identity.update({"rows": len(raw["train"]), "swapped": swapped, "data": {"fingerprint": tokenized._fingerprint},
                      **run, "transfer": described, "seconds": round(time.perf_counter() - start, 1)})
     transfer = None if pairs is None else TransferSet(pairs, *outputs["transfer"])
@@ -230,6 +238,51 @@ def teacher_inputs(folder: Path, teacher: str, paths: Paths) -> tuple[dict, Task
     raw, tokenized = load_from_disk(str(paths.raw)), load_from_disk(str(paths.tokenized))["train"]
     check_aligned(raw["train"], tokenized, paths)
     return identity, task, raw, tokenized
+
+
+def cross_fitted_logits(params: Params, paths: Paths, task: Task, train: Dataset,
+                        swapped: bool) -> tuple[list[np.ndarray | None], dict, list[dict]]:
+    """Every train row's logits from the teacher that never saw it: fold k of the train rows
+    (``finetune.folds.row_folds``) scored by ``distill.fold_teachers[k]``, whose run left fold k out
+    (``train.holdout_fold``), put back in row order.
+
+    Returns:
+        ``([logits, logits_swapped], run, identities)``: float32 ``[rows, num_labels]`` (the second None without
+        ``swapped``), the scoring's ``max_length``, ``mixed_precision`` and ``device``, and each fold teacher's
+        ``describe_teacher``.
+
+    Raises:
+        CheckpointError: a folder lacks config, weights or tokenizer.
+        TeacherError: naming a fold teacher's config.json and its place in ``distill.fold_teachers``: other labels
+            or task type than the task's, or its run did not leave out its own fold of this many folds of this many
+            train rows (its config.json's ``holdout_fold``); the teachers' folds were cut with different seeds.
+    """
+    names = params.distill.fold_teachers
+    identities = []
+    for k, name in enumerate(names):
+        identity, where = describe_teacher(paths.root / name, name), f"{paths.root / name / 'config.json'}"
+        check_labels(identity, task, f"{where} (distill.fold_teachers[{k}])")
+        record, wanted = identity["holdout_fold"] or {}, {"folds": len(names), "fold": k, "rows": len(train)}
+        if {key: record.get(key) for key in wanted} != wanted:
+            raise TeacherError(f"{where}: distill.fold_teachers[{k}] must be a run that left out fold {k} of "
+                               f"{len(names)} of the {len(train)} train rows, but its holdout_fold is "
+                               f"{identity['holdout_fold']}; train it with -S 'train.holdout_fold={{folds: "
+                               f"{len(names)}, fold: {k}, seed: 42}}' (docs/distillation.md)")
+        identities.append(identity)
+    seeds = sorted({identity["holdout_fold"]["seed"] for identity in identities})
+    if len(seeds) > 1:
+        raise TeacherError(f"distill.fold_teachers: their runs cut the folds with different seeds {seeds} "
+                           "(train.holdout_fold.seed in their config.json); train every fold teacher with one seed")
+    fold_of, logits, run = row_folds(len(train), len(names), seeds[0]), [None, None], {}
+    for k, (name, identity) in enumerate(zip(names, identities)):
+        rows = np.flatnonzero(fold_of == k)
+        outputs, run = score_rows(params, paths.root / name, identity, task, {"train": train.select(rows)}, swapped)
+        for i, fold_logits in enumerate(outputs["train"]):
+            if fold_logits is not None:
+                if logits[i] is None:
+                    logits[i] = np.zeros((len(train), fold_logits.shape[1]), dtype=np.float32)
+                logits[i][rows] = fold_logits
+    return logits, run, identities
 
 
 def score_rows(params: Params, folder: Path, identity: dict, task: Task, sets: dict[str, Dataset],
@@ -265,7 +318,7 @@ def score_rows(params: Params, folder: Path, identity: dict, task: Task, sets: d
     model = accelerator.prepare(load_finetuned(folder))
     max_length = min(truncation_length(tokenizer, params.tokenize.max_length), tokenizer.model_max_length)
     log.info("Teacher %s (%s, %s) on %s%s, %s tokenizer (truncation at %d tokens), mixed precision %s, %s",
-             params.distill.teacher, identity["model_type"], identity["task_type"],
+             identity["teacher"], identity["model_type"], identity["task_type"],
              " and ".join(f"{len(rows)} {name} rows" for name, rows in sets.items()), " in both orders" if swapped
              else "", type(tokenizer).__name__, max_length, mixed_precision, accelerator.device)
     outputs = {}

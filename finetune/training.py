@@ -305,7 +305,8 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
     (``collapse_check``'s verdict over the evaluations: ``finetune.collapse.end_of_run``), with ``torch_compile``
     ``compile_seconds``, and with distillation ``distillation``: the teacher (``distill.teacher``) and its model type,
     ``alpha``, ``temperature``, the last evaluation's mean ``final_hard_loss`` and ``final_soft_loss``, and
-    ``transfer`` (its ``rows``, ``kind`` and ``weight``, or None).
+    ``transfer`` (its ``rows``, ``kind`` and ``weight``, or None) and ``fold_teachers`` (cross-fitting's teachers,
+    or None).
     """
     last = state.evaluations[-1]
     metrics = {
@@ -338,13 +339,15 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
         metrics["compile_seconds"] = round(run.compile_seconds, 1)
     if run.distill is not None:
         transfer = run.distill.teacher.get("transfer")  # teacher.json's record of the transfer set, or None
+        fold_teachers = [t["teacher"] for t in run.distill.teacher.get("fold_teachers") or []] or None
         metrics["distillation"] = {"teacher": run.distill.teacher["teacher"],
                                    "teacher_model_type": run.distill.teacher["model_type"], "alpha": run.distill.alpha,
                                    "temperature": run.distill.temperature,
                                    "final_hard_loss": round(last["train/hard_loss"], 4),
                                    "final_soft_loss": round(last["train/soft_loss"], 4),
                                    "transfer": transfer and {"rows": transfer["rows"], "kind": transfer["params"]["kind"],
-                                                             "weight": run.distill.transfer_weight}}
+                                                             "weight": run.distill.transfer_weight},
+                                   "fold_teachers": fold_teachers}
     if torch.cuda.is_available():
         metrics["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return metrics

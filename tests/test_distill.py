@@ -108,12 +108,12 @@ def test_the_collator_stacks_the_teacher_logits_of_the_order_it_picks(tokenizer)
 
 # --- the teacher stage ------------------------------------------------------------------------------------------------
 
-def save_teacher_model(encoder, task: Task, folder):
-    """A "fine-tuned" teacher of ``task``: ``encoder`` (a checkpoint folder) with a new seeded head, saved with its
-    tokenizer and task.json as the train stage saves a model."""
+def save_teacher_model(encoder, task: Task, folder, seed: int = 1):
+    """A "fine-tuned" teacher of ``task``: ``encoder`` (a checkpoint folder) with a new head seeded with ``seed``,
+    saved with its tokenizer and task.json as the train stage saves a model."""
     from transformers import AutoTokenizer
 
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     load_classifier(encoder, task).save_pretrained(folder)
     AutoTokenizer.from_pretrained(encoder).save_pretrained(folder)
     task.save(folder)
@@ -329,6 +329,10 @@ def test_raw_and_tokenized_rows_must_align(tiny_raw, tiny_tokenized):
 
 @pytest.mark.parametrize("distill,message", [
     ({"teacher": "models/own/nowhere"}, "distill.teacher: folder 'models/own/nowhere' not found"),
+    ({"fold_teachers": ["models/own/a", "models/own/b"]}, "distill.fold_teachers: folder 'models/own/a' not found"),
+    ({"fold_teachers": ["models/pretrained", "models/own/b"]},
+     "distill.fold_teachers: 'models/pretrained' is not a folder under models/own/"),
+    ({"fold_teachers": ["models/own/a"]}, "distill.fold_teachers: List should have at least 2 items"),
     ({"teacher": "models/pretrained"}, "distill.teacher: 'models/pretrained' is not a folder under models/own/"),
     ({"teacher": "models/own"}, "distill.teacher: 'models/own' is not a folder under models/own/"),
     ({"alpha": 1.5}, "distill.alpha: Input should be less than or equal to 1"),
@@ -358,7 +362,8 @@ def test_training_with_a_teacher_logs_hard_and_soft_loss(distilled):
     distill = metrics["distillation"]
     assert metrics["steps"] == 10 and distill == {
         "teacher": TEACHER, "teacher_model_type": "mpnet", "alpha": 0.5, "temperature": 2.0,
-        "final_hard_loss": distill["final_hard_loss"], "final_soft_loss": distill["final_soft_loss"], "transfer": None}
+        "final_hard_loss": distill["final_hard_loss"], "final_soft_loss": distill["final_soft_loss"], "transfer": None,
+        "fold_teachers": None}
     assert distill["final_hard_loss"] > 0 and distill["final_soft_loss"] > 0
     steps = paths.train_logs / "steps" / "plots" / "metrics" / "train"
     for name in ("loss", "hard_loss", "soft_loss", "lr"):
@@ -702,3 +707,92 @@ def test_transfer_outputs_that_do_not_match_are_refused_naming_the_file(with_tra
     pairs.iloc[::-1].to_parquet(paths.teacher / TRANSFER_FILE, index=False)  # other rows for the same logits
     with pytest.raises(TeacherError, match="transfer.parquet: not the transfer set teacher.json records"):
         train(params, paths)
+
+
+# --- cross-fitted teachers: train.holdout_fold and distill.fold_teachers -------------------------------------------
+
+def test_folds_cut_every_row_once_and_a_holdout_run_keeps_the_others():
+    from finetune.folds import kept_rows, row_folds
+    from finetune.params import HoldoutFold
+
+    fold_of = row_folds(40, 3, seed=5)
+    assert sorted(np.bincount(fold_of).tolist()) == [13, 13, 14]
+    assert fold_of.tolist() == row_folds(40, 3, seed=5).tolist() != row_folds(40, 3, seed=6).tolist()
+    assert kept_rows(40, HoldoutFold(folds=3, fold=1, seed=5)).tolist() == np.flatnonzero(fold_of != 1).tolist()
+    with pytest.raises(DataError, match="2 train rows cannot make 3 folds"):
+        row_folds(2, 3, seed=0)
+
+
+@pytest.mark.parametrize("holdout,message", [
+    ({"folds": 3, "fold": 3, "seed": 0}, "train.holdout_fold: fold 3 is not one of the 3 folds"),
+    ({"folds": 1, "fold": 0, "seed": 0}, "train.holdout_fold.folds: Input should be greater than or equal to 2"),
+    ({"folds": 2, "fold": 0}, "train.holdout_fold.seed: Field required"),
+])
+def test_bad_holdout_folds_are_named(holdout, message):
+    with pytest.raises(ParamsError, match=f"tiny params: {message}"):
+        tiny_params(train={"holdout_fold": holdout})
+
+
+def test_a_holdout_run_trains_without_its_fold_and_says_so_in_its_config(tiny_project):
+    params = tiny_params(train={"holdout_fold": {"folds": 4, "fold": 2, "seed": 3}})
+    paths = tiny_project(params=params)
+    assert train(params, paths)["train_samples"] == 2 * 30  # 2 epochs of the 30 train rows outside fold 2
+    config = json.loads((paths.trained / "config.json").read_text())
+    assert config["holdout_fold"] == {"folds": 4, "fold": 2, "seed": 3, "rows": 40}
+
+
+def save_fold_teacher(encoder, root, fold: int, seed: int = 3) -> str:
+    """``models/own/fold-<fold>`` under ``root``: a teacher with its own head, whose config.json says its run left
+    out ``fold`` of 2 folds (cut with ``seed``) of 40 train rows, as a run with train.holdout_fold saves it."""
+    folder = root / f"models/own/fold-{fold}"
+    save_teacher_model(encoder, MRPC, folder, seed=10 + fold)
+    config = json.loads((folder / "config.json").read_text())
+    config["holdout_fold"] = {"folds": 2, "fold": fold, "seed": seed, "rows": 40}
+    (folder / "config.json").write_text(json.dumps(config))
+    return f"models/own/fold-{fold}"
+
+
+@pytest.fixture
+def cross_fitted(project, mpnet_encoder):
+    """A project with the teacher and two fold teachers, and params naming them (one order of the pairs)."""
+    params, paths = project(name="cross-fit", train={"swap_pairs": False})
+    names = [save_fold_teacher(mpnet_encoder, paths.root, fold) for fold in (0, 1)]
+    return changed(params, "distill", fold_teachers=names), paths
+
+
+def test_each_train_row_is_labelled_by_the_fold_teacher_that_never_saw_it(cross_fitted, tiny_raw):
+    from finetune.folds import row_folds
+
+    params, paths = cross_fitted
+    identity = run_teacher(params, paths)
+    logits, fold_of = np.load(paths.teacher / LOGITS_FILE), row_folds(40, 2, seed=3)
+    for fold in (0, 1):
+        rows = np.flatnonzero(fold_of == fold)[:3]
+        texts = [(tiny_raw["train"][int(i)]["sentence1"], tiny_raw["train"][int(i)]["sentence2"]) for i in rows]
+        mine, other = (direct_logits(paths.root / f"models/own/fold-{k}", texts) for k in (fold, 1 - fold))
+        np.testing.assert_allclose(logits[rows], mine, atol=1e-4)
+        assert not np.allclose(logits[rows], other, atol=1e-3)  # the heads differ: the other teacher would not do
+    assert [t["teacher"] for t in identity["fold_teachers"]] == params.distill.fold_teachers
+    assert identity["fold_teachers"][1]["holdout_fold"] == {"folds": 2, "fold": 1, "seed": 3, "rows": 40}
+    metrics = train(params, paths)
+    assert metrics["distillation"]["fold_teachers"] == params.distill.fold_teachers
+
+
+def test_fold_teachers_of_another_fold_or_seed_or_stale_logits_are_refused(cross_fitted, mpnet_encoder):
+    params, paths = cross_fitted
+    run_teacher(changed(params, "distill", fold_teachers=None), paths)  # the single teacher's logits
+    with pytest.raises(TeacherError, match=r"teacher.json: holds the logits of the fold teachers None, not of "
+                                           r"distill.fold_teachers \['models/own/fold-0', 'models/own/fold-1'\]"):
+        load(params, paths)
+    with pytest.raises(TeacherError, match=r"fold-1/config.json: distill.fold_teachers\[0\] must be a run that left "
+                                           r"out fold 0 of 2 of the 40 train rows, but its holdout_fold is "
+                                           r"\{'folds': 2, 'fold': 1"):
+        teacher_logits(changed(params, "distill", fold_teachers=params.distill.fold_teachers[::-1]), paths)
+    with pytest.raises(TeacherError, match=r"teacher/config.json: distill.fold_teachers\[0\] .* its holdout_fold is "
+                                           "None"):
+        teacher_logits(changed(params, "distill", fold_teachers=[TEACHER, "models/own/fold-1"]), paths)
+    save_fold_teacher(mpnet_encoder, paths.root, 1, seed=4)
+    with pytest.raises(TeacherError, match=r"their runs cut the folds with different seeds \[3, 4\]"):
+        teacher_logits(params, paths)
+    with pytest.raises(ParamsError, match="fold_teachers is set but teacher is null"):
+        tiny_params(distill={"teacher": None, "fold_teachers": params.distill.fold_teachers})
