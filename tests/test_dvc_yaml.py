@@ -74,3 +74,14 @@ def test_package_init_files_hold_only_a_docstring(package):
 def test_an_unknown_module_is_refused():
     with pytest.raises(ValueError, match="'numpy' is not a module of this project"):
         project_files("numpy")
+
+
+def test_the_teacher_stage_lists_every_distill_param_its_code_reads():
+    # The teacher stage lists its distill params one by one (alpha and temperature must not rerun it). One its code
+    # reads but dvc.yaml does not list leaves a stale data/teacher that the train stage then refuses:
+    # distill.fold_teachers was missed once, and an MRPC run stopped at train.
+    stage = DVC_YAML["stages"]["teacher"]
+    code = "".join((REPO / f).read_text() for m in re.findall(r"-m ([\w.]+)", stage["cmd"]) for f in project_files(m))
+    read = set(re.findall(r"params\.distill\.(\w+)", code))
+    assert {"teacher", "transfer", "fold_teachers"} <= read
+    assert {f"distill.{key}" for key in read} <= set(stage["params"]), read
