@@ -132,30 +132,36 @@ class Distillation:
 
 def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> Teacher | None:
     """The teacher's logits of ``train`` (the tokenized train split) from ``folder`` (data/teacher), checked; None
-    when distillation is off (``distill.teacher: null``: ``folder`` is not read).
+    when distillation is off (``distill.teacher`` and ``distill.logits`` null: ``folder`` is not read).
 
     Raises:
-        TeacherError: naming ``folder/teacher.json`` and ``distill.teacher``: no teacher.json, or one of another
-            teacher or other fold teachers (``distill.fold_teachers``) or saying distillation is off (a stale
+        TeacherError: naming ``folder/teacher.json`` and ``distill.teacher`` (or ``distill.logits``): no
+            teacher.json, or one of another teacher, other fold teachers (``distill.fold_teachers``) or other carried
+            logits (``distill.logits``), or saying distillation is off (a stale
             output: rerun the teacher stage); the teacher's labels or task type differ from the task's; its logits
             have another row count or label count than ``train`` and ``task``, lack or have the swapped order where
             ``train`` has or lacks it, or are of other data.
     """
-    if p.teacher is None:
+    if p.teacher is None and p.logits is None:
         return None
     from finetune.tokenization import has_both_orders
 
     file = folder / TEACHER_FILE
-    rerun = f"(distill.teacher: {p.teacher!r}); rerun `dvc repro teacher`"
+    source = f"distill.teacher: {p.teacher!r}" if p.logits is None else f"distill.logits: {p.logits!r}"
+    rerun = f"({source}); rerun `dvc repro teacher`"
     if not file.is_file():
         raise TeacherError(f"{file}: not found {rerun}")
     identity = json.loads(file.read_text())
     if not identity.get("distillation"):
         raise TeacherError(f"{file}: says distillation is off {rerun}")
-    if os.path.normpath(identity["teacher"]) != os.path.normpath(p.teacher):
-        raise TeacherError(f"{file}: holds the logits of teacher {identity['teacher']!r}, not of {rerun}")
+    carried = (identity.get("carried") or {}).get("from")  # distill.logits of the teacher stage's run, if any
+    if (carried is None) != (p.logits is None) or \
+            os.path.normpath(carried or identity["teacher"]) != os.path.normpath(p.logits or p.teacher):
+        held = f"carried in {carried!r}" if carried else f"of teacher {identity['teacher']!r}"
+        raise TeacherError(f"{file}: holds the logits {held}, not of {rerun}")
     recorded = [t["teacher"] for t in identity.get("fold_teachers") or []] or None
-    if [os.path.normpath(t) for t in recorded or []] != [os.path.normpath(t) for t in p.fold_teachers or []]:
+    if p.logits is None and [os.path.normpath(t) for t in recorded or []] != [os.path.normpath(t) for t in
+                                                                              p.fold_teachers or []]:
         raise TeacherError(f"{file}: holds the logits of the fold teachers {recorded}, not of distill.fold_teachers "
                            f"{p.fold_teachers} {rerun}")
     check_labels(identity, task, str(file))

@@ -177,6 +177,7 @@ class EvaluateParams(_Section):
     splits: list[Literal["validation", "test", "validation_mismatched", "test_mismatched"]] = Field(min_length=1)
 
 
+CARRIED_LOGITS = "data/teachers"  # teachers' logits made elsewhere, in git (distill.logits): a dependency of teacher
 OWN_MODELS = "models/own"  # the user's own checkpoints and teachers live here: a dependency of download and teacher
 
 
@@ -216,6 +217,9 @@ class DistillParams(_Section):
     transfer: TransferParams  # unlabelled pairs labelled by the teacher only (kind null: none)
     # cross-fitting: fold k's teacher trained with train.holdout_fold {folds: len, fold: k}; it labels fold k's rows
     fold_teachers: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=2)
+    # a teacher stage's output made elsewhere (e.g. on a GPU), carried in git under data/teachers: used instead of
+    # scoring with a teacher, once checked against this data (finetune/teacher.py, carried_teacher)
+    logits: str | None = Field(min_length=1)
 
     @field_validator("teacher")
     @classmethod
@@ -227,9 +231,17 @@ class DistillParams(_Section):
     def _fold_teacher_folders(cls, teachers: list[str] | None) -> list[str] | None:
         return None if teachers is None else [own_model_folder(teacher) for teacher in teachers]
 
+    @field_validator("logits")
+    @classmethod
+    def _logits_folder(cls, logits: str | None) -> str | None:
+        return None if logits is None else carried_logits_folder(logits)
+
     @model_validator(mode="after")
     def _transfer_needs_a_teacher(self) -> "DistillParams":
-        if self.transfer.kind is not None and self.teacher is None:
+        if self.logits is not None and (self.teacher is not None or self.fold_teachers is not None):
+            raise ValueError("logits and teacher (or fold_teachers) are both set: the teacher stage either scores with "
+                             "the teacher or takes the carried logits; set one of them to null")
+        if self.transfer.kind is not None and self.teacher is None and self.logits is None:
             raise ValueError(f"transfer.kind is {self.transfer.kind!r} but teacher is null: a transfer set is "
                              "labelled by the teacher; set distill.teacher, or transfer.kind: null")
         if self.fold_teachers is not None and self.teacher is None:
@@ -253,6 +265,21 @@ def own_model_folder(teacher: str) -> str:
         raise ValueError(f"folder {teacher!r} not found (from {Path.cwd()}); a queued experiment sees it only "
                          f"when it is tracked: `dvc add {teacher}` (docs/distillation.md)")
     return teacher
+
+
+def carried_logits_folder(logits: str) -> str:
+    """``logits`` (``distill.logits``), checked: a folder under data/teachers holding a teacher.json.
+
+    Raises:
+        ValueError: naming the folder.
+    """
+    parts = Path(os.path.normpath(logits)).parts
+    if Path(logits).is_absolute() or parts[:2] != tuple(Path(CARRIED_LOGITS).parts) or len(parts) < 3:
+        raise ValueError(f"{logits!r} is not a folder under {CARRIED_LOGITS}/; carry a teacher stage's output "
+                         "(data/teacher) there, in git (docs/distillation.md)")
+    if not (Path(logits) / "teacher.json").is_file():
+        raise ValueError(f"{logits!r} holds no teacher.json (from {Path.cwd()}); carry a whole data/teacher folder")
+    return logits
 
 
 class Int8Params(_Section):

@@ -122,7 +122,7 @@ def build_run(params: Params, paths: Paths) -> Run:
     if teacher is not None:
         d = params.distill
         distill = Distillation(d.alpha, d.temperature, task.is_regression, teacher.identity, d.transfer.weight)
-        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g%s", d.teacher,
+        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g%s", d.logits or d.teacher,
                  teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature,
                  "" if teacher.transfer is None else f"; {len(teacher.transfer.pairs)} transfer pairs among the "
                  f"{len(train_rows)} train rows, their loss {d.transfer.weight:g} x soft")

@@ -185,7 +185,8 @@ def teacher_logits(params: Params, paths: Paths) -> Teacher:
     Returns:
         The ``Teacher``: logits float32 ``[rows, num_labels]`` (``[rows, 1]`` for regression), the same for the
         swapped pairs or None, teacher.json's content (``describe_teacher`` and ``rows`` (the train rows),
-        ``swapped``, ``data`` (the datasets' fingerprint of the tokenized train split), ``max_length``,
+        ``swapped``, ``data`` (the datasets' fingerprint of the tokenized train split, and ``rows_sha256`` of the
+        raw one: the same on every machine), ``max_length``,
         ``mixed_precision``, ``device``, ``seconds``, and ``transfer``: the transfer set's description or None), and
         the transfer set with its logits or None.
 
@@ -214,10 +215,76 @@ def teacher_logits(params: Params, paths: Paths) -> Teacher:
     if fold_teachers:
         outputs["train"], run, identity["fold_teachers"] = cross_fitted_logits(params, paths, task, raw["train"],
                                                                                swapped)
-    identity.update({"rows": len(raw["train"]), "swapped": swapped, "data": {"fingerprint": tokenized._fingerprint},
-                     **run, "transfer": described, "seconds": round(time.perf_counter() - start, 1)})
+    identity.update({"rows": len(raw["train"]), "swapped": swapped,
+                     "data": {"fingerprint": tokenized._fingerprint, "sha256": rows_sha256(raw["train"], task)}, **run, "transfer": described, "seconds": round(time.perf_counter() - start, 1)})
     transfer = None if pairs is None else TransferSet(pairs, *outputs["transfer"])
     return Teacher(identity, *outputs["train"], transfer=transfer)
+
+
+def rows_sha256(rows: Dataset, task: Task) -> str:
+    """sha256 of what the teacher reads of ``rows`` (a split of data/raw): each row's texts (the task's text columns)
+    and label, one JSON list per row, in row order. Unlike the datasets fingerprint, which hashes how a split was
+    made and differs between machines and Python versions, it is the same wherever the rows are the same: what
+    carried logits (``distill.logits``) are checked against."""
+    columns = [c for c in (*task.text_columns, "label") if c in rows.column_names]
+    digest = hashlib.sha256()
+    for row in zip(*(rows[c] for c in columns)):
+        digest.update(json.dumps(row).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def carried_teacher(params: Params, paths: Paths) -> Teacher:
+    """The teacher stage's output made elsewhere (``distill.logits``: a data/teacher folder carried in git under
+    data/teachers, e.g. from a GPU machine), checked against this project's data and params, for ``save_teacher``.
+    No model is loaded. teacher.json gains ``carried`` (the folder and what it recorded of its own run's data
+    fingerprint, device and seconds) and this data/tokenized's fingerprint, which the train stage checks.
+
+    Raises:
+        TeacherError: naming the carried teacher.json: it says distillation is off; its rows are other rows than
+            data/raw's train split (``rows_sha256``, or none recorded); its labels or task type differ from the task's;
+            its transfer set was made with another ``distill.transfer`` (``weight`` aside: a train param), or its
+            transfer.parquet is not the file it records.
+        DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``).
+    """
+    from datasets import load_from_disk
+
+    from finetune.split_zip import sha256_file
+
+    folder = paths.root / params.distill.logits
+    file, carried = folder / TEACHER_FILE, f"(distill.logits: {params.distill.logits!r})"
+    identity = json.loads(file.read_text())
+    if not identity.get("distillation"):
+        raise TeacherError(f"{file}: says distillation is off {carried}; carry the output of a teacher stage run "
+                           "with distill.teacher")
+    task = Task.load(paths.tokenized)
+    raw, tokenized = load_from_disk(str(paths.raw))["train"], load_from_disk(str(paths.tokenized))["train"]
+    check_aligned(raw, tokenized, paths)
+    check_labels(identity, task, str(file))
+    recorded, here = identity.get("data", {}).get("sha256"), rows_sha256(raw, task)
+    if recorded != here:
+        raise TeacherError(f"{file}: its logits are of other train rows {carried}: rows sha256 {recorded}, but the "
+                           f"train split of {paths.raw} has {here} ({len(raw)} rows, {identity.get('rows')} "
+                           "recorded); make them again from this data (docs/distillation.md)")
+    transfer, wanted = identity.get("transfer"), params.distill.transfer.model_dump(exclude={"weight"})
+    made_with = transfer and {k: v for k, v in transfer["params"].items() if k != "weight"}
+    if made_with != (wanted if params.distill.transfer.kind is not None else None):
+        raise TeacherError(f"{file}: holds the transfer set of {made_with}, not of distill.transfer {wanted} "
+                           f"{carried}; set distill.transfer to what it was made with")
+    if transfer is not None and sha256_file(folder / TRANSFER_FILE) != transfer["sha256"]:
+        raise TeacherError(f"{folder / TRANSFER_FILE}: not the transfer set {file} records (sha256) {carried}")
+    arrays = {name: np.load(folder / name) if (folder / name).is_file() else None
+              for name in (LOGITS_FILE, SWAPPED_LOGITS_FILE, TRANSFER_LOGITS_FILE, SWAPPED_TRANSFER_LOGITS_FILE)}
+    if arrays[LOGITS_FILE] is None or len(arrays[LOGITS_FILE]) != len(raw):
+        raise TeacherError(f"{folder / LOGITS_FILE}: " + ("not found" if arrays[LOGITS_FILE] is None else
+                           f"{len(arrays[LOGITS_FILE])} rows, but the train split has {len(raw)}") + f" {carried}")
+    identity["carried"] = {"from": params.distill.logits, "data_fingerprint": identity["data"]["fingerprint"],
+                           "device": identity.get("device"), "seconds": identity.get("seconds")}
+    identity["data"] = {**identity["data"], "fingerprint": tokenized._fingerprint}
+    if transfer is not None:  # this run's weight (a train param), which the train stage checks with the rest
+        identity["transfer"] = {**transfer, "params": params.distill.transfer.model_dump()}
+    pairs = None if transfer is None else pd.read_parquet(folder / TRANSFER_FILE)
+    return Teacher(identity, arrays[LOGITS_FILE], arrays[SWAPPED_LOGITS_FILE], transfer=None if pairs is None else
+                   TransferSet(pairs, arrays[TRANSFER_LOGITS_FILE], arrays[SWAPPED_TRANSFER_LOGITS_FILE]))
 
 
 def teacher_inputs(folder: Path, teacher: str, paths: Paths) -> tuple[dict, Task, DatasetDict, Dataset]:

@@ -305,8 +305,8 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
     (``collapse_check``'s verdict over the evaluations: ``finetune.collapse.end_of_run``), with ``torch_compile``
     ``compile_seconds``, and with distillation ``distillation``: the teacher (``distill.teacher``) and its model type,
     ``alpha``, ``temperature``, the last evaluation's mean ``final_hard_loss`` and ``final_soft_loss``, and
-    ``transfer`` (its ``rows``, ``kind`` and ``weight``, or None) and ``fold_teachers`` (cross-fitting's teachers,
-    or None).
+    ``transfer`` (its ``rows``, ``kind`` and ``weight``, or None), ``fold_teachers`` (cross-fitting's teachers,
+    or None) and ``logits`` (``distill.logits``: the carried logits' folder, or None).
     """
     last = state.evaluations[-1]
     metrics = {
@@ -347,7 +347,8 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
                                    "final_soft_loss": round(last["train/soft_loss"], 4),
                                    "transfer": transfer and {"rows": transfer["rows"], "kind": transfer["params"]["kind"],
                                                              "weight": run.distill.transfer_weight},
-                                   "fold_teachers": fold_teachers}
+                                   "fold_teachers": fold_teachers,
+                                   "logits": (run.distill.teacher.get("carried") or {}).get("from")}
     if torch.cuda.is_available():
         metrics["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return metrics

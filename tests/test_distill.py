@@ -1,6 +1,7 @@
 """Knowledge distillation: the loss against hand computations, the teacher stage on a tiny MPNet teacher with its own
 tokenizer for a BERT student (rows aligned, both orders of the pairs), the refusals, training with the teacher's
-logits (logged, resumed, on 2 processes), and training without a teacher exactly as before."""
+logits (logged, resumed, on 2 processes), training without a teacher exactly as before, and logits carried in git
+(distill.logits) checked and taught exactly as the teacher that made them."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from finetune.errors import DataError, ParamsError, TeacherError
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.params import TransferParams
 from finetune.tasks import Task, glue_task, own_task
-from finetune.teacher import (LOGITS_FILE, SWAPPED_LOGITS_FILE, TEACHER_FILE, check_aligned, save_teacher,
-                              teacher_logits)
+from finetune.teacher import (LOGITS_FILE, SWAPPED_LOGITS_FILE, TEACHER_FILE, check_aligned, rows_sha256,
+                              save_teacher, teacher_logits)
 from finetune.tokenization import SWAPPED
 from finetune.training import train
 from tests.helpers import (REPO, launch, make_family_checkpoint, make_project, python, reset_accelerate, run,
@@ -182,7 +183,8 @@ def test_the_teacher_stage_writes_logits_row_for_row_with_its_own_tokenizer(proj
     assert saved == identity
     assert saved["distillation"] is True and saved["teacher"] == TEACHER and saved["model_type"] == "mpnet"
     assert saved["task_type"] == "classification" and saved["id2label"] == {"0": "not_equivalent", "1": "equivalent"}
-    assert saved["rows"] == 40 and saved["swapped"] is False and list(saved["data"]) == ["fingerprint"]  # rows once
+    assert saved["rows"] == 40 and saved["swapped"] is False  # rows once
+    assert saved["data"] == {"fingerprint": saved["data"]["fingerprint"], "sha256": rows_sha256(tiny_raw["train"], MRPC)}
     assert list(saved["weights"]) == ["model.safetensors"] and len(saved["weights"]["model.safetensors"]) == 64
     assert saved["mixed_precision"] == "no" and saved["seconds"] >= 0 and "name_or_path" in saved
     assert saved["base_model"] is None  # no model card in this teacher folder
@@ -363,7 +365,7 @@ def test_training_with_a_teacher_logs_hard_and_soft_loss(distilled):
     assert metrics["steps"] == 10 and distill == {
         "teacher": TEACHER, "teacher_model_type": "mpnet", "alpha": 0.5, "temperature": 2.0,
         "final_hard_loss": distill["final_hard_loss"], "final_soft_loss": distill["final_soft_loss"], "transfer": None,
-        "fold_teachers": None}
+        "fold_teachers": None, "logits": None}
     assert distill["final_hard_loss"] > 0 and distill["final_soft_loss"] > 0
     steps = paths.train_logs / "steps" / "plots" / "metrics" / "train"
     for name in ("loss", "hard_loss", "soft_loss", "lr"):
@@ -796,3 +798,112 @@ def test_fold_teachers_of_another_fold_or_seed_or_stale_logits_are_refused(cross
         teacher_logits(params, paths)
     with pytest.raises(ParamsError, match="fold_teachers is set but teacher is null"):
         tiny_params(distill={"teacher": None, "fold_teachers": params.distill.fold_teachers})
+
+
+# --- logits carried in git: distill.logits --------------------------------------------------------------------------
+
+def carry(paths, root, name: str = "mpnet") -> str:
+    """The teacher stage's output of ``paths`` copied into ``root``/data/teachers/``name``, as git carries it; the
+    ``distill.logits`` naming it."""
+    shutil.copytree(paths.teacher, root / "data/teachers" / name)
+    return f"data/teachers/{name}"
+
+
+@pytest.fixture
+def carried(with_transfer, project, tmp_path, monkeypatch):
+    """``(teacher's (params, paths), carried (params, paths))``: the with_transfer project's teacher output carried
+    into a second project, whose params take it (``distill.logits``) instead of the teacher, with the same transfer
+    params; the second project's teacher stage not run yet."""
+    params, paths = with_transfer
+    logits = carry(paths, tmp_path / "carried")
+    carried = project(name="carried", train={"swap_pairs": True}, distill={**NEIGHBOURS, "teacher": None,
+                                                                            "logits": logits})
+    return (params, paths), carried
+
+
+def run_teacher_stage(paths):
+    """stages/teacher.py's main in the project ``paths`` (its params.yaml)."""
+    from stages.teacher import main
+
+    main()
+    reset_accelerate()
+    return json.loads((paths.teacher / TEACHER_FILE).read_text())
+
+
+def test_carried_logits_teach_exactly_as_the_teacher_that_made_them_without_loading_it(carried, monkeypatch):
+    from finetune.transfer import SWAPPED_TRANSFER_LOGITS_FILE, TRANSFER_FILE, TRANSFER_LOGITS_FILE
+
+    (params, paths), (carried_params, carried_paths) = carried
+    made = json.loads((paths.teacher / TEACHER_FILE).read_text())
+    monkeypatch.setattr("finetune.modeling.load_finetuned", lambda *a, **k: pytest.fail("a model was loaded"))
+    identity = run_teacher_stage(carried_paths)
+    for name in (LOGITS_FILE, SWAPPED_LOGITS_FILE, TRANSFER_LOGITS_FILE, SWAPPED_TRANSFER_LOGITS_FILE):
+        assert np.array_equal(np.load(carried_paths.teacher / name), np.load(paths.teacher / name))
+    pd.testing.assert_frame_equal(pd.read_parquet(carried_paths.teacher / TRANSFER_FILE),
+                                  pd.read_parquet(paths.teacher / TRANSFER_FILE))
+    assert identity["carried"] == {"from": "data/teachers/mpnet", "data_fingerprint": made["data"]["fingerprint"],
+                                   "device": made["device"], "seconds": made["seconds"]}
+    assert identity["data"]["sha256"] == made["data"]["sha256"] and len(made["data"]["sha256"]) == 64
+    assert identity["weights"] == made["weights"] and identity["teacher"] == made["teacher"] == TEACHER
+    monkeypatch.undo()
+    params, carried_params = (changed(p, "train", epochs=1) for p in (params, carried_params))
+    expected, metrics = train(params, paths), (reset_accelerate(), train(carried_params, carried_paths))[1]
+    weights = (load_file(p.trained / "model.safetensors") for p in (paths, carried_paths))
+    assert all(a.equal(b) for a, b in zip(*(w.values() for w in weights)))
+    assert metrics["distillation"] == {**expected["distillation"], "logits": "data/teachers/mpnet"}
+    assert expected["distillation"]["logits"] is None
+
+
+def test_carried_logits_of_other_rows_or_transfer_params_are_refused_naming_the_file(carried, project, tiny_raw,
+                                                                                     tmp_path):
+    from datasets import DatasetDict
+
+    from finetune.teacher import carried_teacher
+
+    (params, paths), (carried_params, carried_paths) = carried
+    file = r"data/teachers/mpnet/teacher.json"
+    with pytest.raises(TeacherError, match=rf"{file}: holds the transfer set of .*'k': 3.*, not of distill.transfer "
+                                           r".*'k': 4.*\(distill.logits: 'data/teachers/mpnet'\)"):
+        carried_teacher(transfer_params(carried_params, k=4), carried_paths)
+    assert carried_teacher(transfer_params(carried_params, weight=0.5), carried_paths)  # a train param: no matter
+    edited = tiny_raw["train"].map(lambda row, i: {"sentence1": row["sentence1"] + (" again" if i == 7 else "")},
+                                   with_indices=True)
+    carry(paths, tmp_path / "edited")
+    other_params, other = project(raw=DatasetDict({**tiny_raw, "train": edited}), name="edited",
+                                  train={"swap_pairs": True}, distill={**NEIGHBOURS, "teacher": None,
+                                                                       "logits": "data/teachers/mpnet"})
+    with pytest.raises(TeacherError, match=rf"{file}: its logits are of other train rows .*rows sha256 [0-9a-f]{{64}}, "
+                                           r"but the train split of .*data/raw has [0-9a-f]{64} \(40 rows, 40 recorded\)"):
+        carried_teacher(other_params, other)
+    made = carried_paths.root / file
+    made.write_text(json.dumps({**json.loads(made.read_text()), "data": {"fingerprint": "f"}}))  # an older stage's
+    with pytest.raises(TeacherError, match="rows sha256 None"):
+        carried_teacher(carried_params, carried_paths)
+
+
+def test_the_train_stage_takes_only_the_logits_its_params_name(carried):
+    (params, paths), (carried_params, carried_paths) = carried
+    shutil.copytree(paths.teacher, carried_paths.teacher)  # the teacher's own output, not the carried one's
+    with pytest.raises(TeacherError, match=r"data/teacher/teacher.json: holds the logits of teacher "
+                                           r"'models/own/teacher', not of \(distill.logits: 'data/teachers/mpnet'\)"):
+        load(carried_params, carried_paths)
+    shutil.rmtree(carried_paths.teacher)
+    run_teacher_stage(carried_paths)
+    assert load(carried_params, carried_paths).transfer is not None
+    with pytest.raises(TeacherError, match=r"holds the logits carried in 'data/teachers/mpnet', not of "
+                                           r"\(distill.teacher: 'models/own/teacher'\)"):
+        load(params, carried_paths)
+    with pytest.raises(ParamsError, match="logits and teacher .* are both set"):
+        tiny_params(distill={"teacher": TEACHER, "logits": "data/teachers/mpnet"})
+    assert tiny_params(distill={**NEIGHBOURS, "teacher": None, "logits": "data/teachers/mpnet"})
+
+
+@pytest.mark.parametrize("logits,message", [
+    ("data/own/mpnet", "'data/own/mpnet' is not a folder under data/teachers/"),
+    ("data/teachers", "'data/teachers' is not a folder under data/teachers/"),
+    ("data/teachers/nowhere", "'data/teachers/nowhere' holds no teacher.json"),
+])
+def test_bad_carried_logits_folders_are_named(logits, message, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ParamsError, match=f"tiny params: distill.logits: .*{message}"):
+        tiny_params(distill={"teacher": None, "logits": logits})
