@@ -35,6 +35,14 @@ class _Section(BaseModel):
 
 
 OWN_DATA = "data/own"  # the user's own files live here: a dependency of the download stage (dvc.yaml)
+
+
+def inside(path: str, folder: str) -> bool:
+    """``path`` (from params.yaml) is relative and names something inside ``folder``, not ``folder`` itself."""
+    parts, top = Path(os.path.normpath(path)).parts, Path(folder).parts
+    return not Path(path).is_absolute() and parts[:len(top)] == top and len(parts) > len(top)
+
+
 Split = Literal["train", "validation", "test"]
 
 
@@ -74,8 +82,7 @@ class DataParams(_Section):
             if "train" not in self.files:
                 raise ValueError(f"files: no train file (got splits {sorted(self.files)})")
             for split, file in self.files.items():
-                inside = Path(os.path.normpath(file)).parts[:2] == tuple(Path(OWN_DATA).parts)
-                if Path(file).is_absolute() or not inside:
+                if not inside(file, OWN_DATA):
                     raise ValueError(f"files.{split}: {file!r} is not under {OWN_DATA}/; put your files there (a "
                                      "dependency of the download stage in dvc.yaml, so DVC reruns it when they change)")
             if self.text_columns is None:
@@ -202,7 +209,7 @@ class TransferParams(_Section):
             raise ValueError("files: set it (a list of files under data/own) with kind: files, and only then "
                              f"(kind {self.kind!r}, files {self.files!r})")
         for file in self.files or []:
-            if Path(file).is_absolute() or Path(os.path.normpath(file)).parts[:2] != tuple(Path(OWN_DATA).parts):
+            if not inside(file, OWN_DATA):
                 raise ValueError(f"files: {file!r} is not under {OWN_DATA}/; put your unlabelled text there (a "
                                  "dependency of the teacher stage in dvc.yaml)")
         return self
@@ -243,7 +250,8 @@ class DistillParams(_Section):
                              "the teacher or takes the carried logits; set one of them to null")
         if self.transfer.kind is not None and self.teacher is None and self.logits is None:
             raise ValueError(f"transfer.kind is {self.transfer.kind!r} but teacher is null: a transfer set is "
-                             "labelled by the teacher; set distill.teacher, or transfer.kind: null")
+                             "labelled by the teacher; set distill.teacher (or distill.logits, carried logits of "
+                             "that transfer set), or transfer.kind: null")
         if self.fold_teachers is not None and self.teacher is None:
             raise ValueError("fold_teachers is set but teacher is null: set distill.teacher too (the teacher of all "
                              "the train rows, which labels the transfer set), or fold_teachers: null")
@@ -256,8 +264,7 @@ def own_model_folder(teacher: str) -> str:
     Raises:
         ValueError: naming the folder.
     """
-    parts = Path(os.path.normpath(teacher)).parts
-    if Path(teacher).is_absolute() or parts[:2] != tuple(Path(OWN_MODELS).parts) or len(parts) < 3:
+    if not inside(teacher, OWN_MODELS):
         raise ValueError(f"{teacher!r} is not a folder under {OWN_MODELS}/; put the teacher there (a dependency of "
                          "the teacher stage in dvc.yaml, so DVC reruns it when the teacher changes)")
     # Relative to the working directory, the project root of a stage (a DVC-tracked folder of the project).
@@ -273,12 +280,12 @@ def carried_logits_folder(logits: str) -> str:
     Raises:
         ValueError: naming the folder.
     """
-    parts = Path(os.path.normpath(logits)).parts
-    if Path(logits).is_absolute() or parts[:2] != tuple(Path(CARRIED_LOGITS).parts) or len(parts) < 3:
+    if not inside(logits, CARRIED_LOGITS):
         raise ValueError(f"{logits!r} is not a folder under {CARRIED_LOGITS}/; carry a teacher stage's output "
                          "(data/teacher) there, in git (docs/distillation.md)")
     if not (Path(logits) / "teacher.json").is_file():
-        raise ValueError(f"{logits!r} holds no teacher.json (from {Path.cwd()}); carry a whole data/teacher folder")
+        raise ValueError(f"{logits!r} holds no teacher.json (from {Path.cwd()}); carry a whole data/teacher folder, "
+                         "and commit it (`git add`): a queued experiment sees only what git tracks")
     return logits
 
 

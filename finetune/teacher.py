@@ -138,14 +138,14 @@ def describe_teacher(folder: Path, teacher: str) -> dict:
             "id2label": id2label, "holdout_fold": config.get(HOLDOUT_KEY)}
 
 
-def check_labels(identity: dict, task: Task, where: str) -> None:
+def check_labels(identity: dict, task: Task, where: str, param: str = "distill.teacher") -> None:
     """The teacher (``identity``: teacher.json's fields) predicts what the task's student learns: the same task type,
     and for classification the same class names in the same id order.
 
     Raises:
-        TeacherError: naming ``where`` and ``distill.teacher``.
+        TeacherError: naming ``where`` and ``param`` (the param that names the teacher or its logits).
     """
-    teacher = f"the teacher {identity['teacher']!r} (distill.teacher)"
+    teacher = f"the teacher {identity['teacher']!r} ({param})"
     kind = "regression" if task.is_regression else "classification"
     if identity["task_type"] != kind:
         raise TeacherError(f"{where}: {teacher} is a {identity['task_type']} model, but task {task.name!r} is "
@@ -224,7 +224,7 @@ def teacher_logits(params: Params, paths: Paths) -> Teacher:
 def rows_sha256(rows: Dataset, task: Task) -> str:
     """sha256 of what the teacher reads of ``rows`` (a split of data/raw): each row's texts (the task's text columns)
     and label, one JSON list per row, in row order. Unlike the datasets fingerprint, which hashes how a split was
-    made and differs between machines and Python versions, it is the same wherever the rows are the same: what
+    made and differs between machines and setups, it is the same wherever the rows are the same: what
     carried logits (``distill.logits``) are checked against."""
     columns = [c for c in (*task.text_columns, "label") if c in rows.column_names]
     digest = hashlib.sha256()
@@ -237,19 +237,24 @@ def carried_teacher(params: Params, paths: Paths) -> Teacher:
     """The teacher stage's output made elsewhere (``distill.logits``: a data/teacher folder carried in git under
     data/teachers, e.g. from a GPU machine), checked against this project's data and params, for ``save_teacher``.
     No model is loaded. teacher.json gains ``carried`` (the folder and what it recorded of its own run's data
-    fingerprint, device and seconds) and this data/tokenized's fingerprint, which the train stage checks.
+    fingerprint, device and seconds), this data/tokenized's fingerprint (which the train stage checks), ``swapped``
+    as data/tokenized has it (carried logits of both orders serve a run on one order: the row order's are kept) and
+    this stage's seconds.
 
     Raises:
         TeacherError: naming the carried teacher.json: it says distillation is off; its rows are other rows than
             data/raw's train split (``rows_sha256``, or none recorded); its labels or task type differ from the task's;
-            its transfer set was made with another ``distill.transfer`` (``weight`` aside: a train param), or its
-            transfer.parquet is not the file it records.
+            its transfer set was made with another ``distill.transfer`` (``weight`` aside: a train param), its
+            transfer.parquet is not the file it records or holds a validation or test text of this data; a logits
+            file is missing (the swapped order's, where data/tokenized holds both orders) or of another shape.
         DataError: the train splits of data/raw and data/tokenized are not the same rows (``check_aligned``).
     """
     from datasets import load_from_disk
 
     from finetune.split_zip import sha256_file
+    from finetune.tokenization import has_both_orders
 
+    start = time.perf_counter()
     folder = paths.root / params.distill.logits
     file, carried = folder / TEACHER_FILE, f"(distill.logits: {params.distill.logits!r})"
     identity = json.loads(file.read_text())
@@ -257,9 +262,10 @@ def carried_teacher(params: Params, paths: Paths) -> Teacher:
         raise TeacherError(f"{file}: says distillation is off {carried}; carry the output of a teacher stage run "
                            "with distill.teacher")
     task = Task.load(paths.tokenized)
-    raw, tokenized = load_from_disk(str(paths.raw))["train"], load_from_disk(str(paths.tokenized))["train"]
+    splits, tokenized = load_from_disk(str(paths.raw)), load_from_disk(str(paths.tokenized))["train"]
+    raw = splits["train"]
     check_aligned(raw, tokenized, paths)
-    check_labels(identity, task, str(file))
+    check_labels(identity, task, str(file), "distill.logits")
     recorded, here = identity.get("data", {}).get("sha256"), rows_sha256(raw, task)
     if recorded != here:
         raise TeacherError(f"{file}: its logits are of other train rows {carried}: rows sha256 {recorded}, but the "
@@ -272,19 +278,35 @@ def carried_teacher(params: Params, paths: Paths) -> Teacher:
                            f"{carried}; set distill.transfer to what it was made with")
     if transfer is not None and sha256_file(folder / TRANSFER_FILE) != transfer["sha256"]:
         raise TeacherError(f"{folder / TRANSFER_FILE}: not the transfer set {file} records (sha256) {carried}")
-    arrays = {name: np.load(folder / name) if (folder / name).is_file() else None
-              for name in (LOGITS_FILE, SWAPPED_LOGITS_FILE, TRANSFER_LOGITS_FILE, SWAPPED_TRANSFER_LOGITS_FILE)}
-    if arrays[LOGITS_FILE] is None or len(arrays[LOGITS_FILE]) != len(raw):
-        raise TeacherError(f"{folder / LOGITS_FILE}: " + ("not found" if arrays[LOGITS_FILE] is None else
-                           f"{len(arrays[LOGITS_FILE])} rows, but the train split has {len(raw)}") + f" {carried}")
+    pairs = None if transfer is None else pd.read_parquet(folder / TRANSFER_FILE)
+    held_out = {t for name, rows in splits.items() if name != "train" for c in task.text_columns for t in rows[c]}
+    if pairs is not None and pairs[list(task.text_columns)].isin(held_out).any(axis=None):
+        raise TeacherError(f"{folder / TRANSFER_FILE}: holds texts of this data's validation or test split {carried}; "
+                           "a transfer set must never hold them")
+    both = has_both_orders(tokenized)  # the orders data/tokenized trains on (train.swap_pairs)
+    arrays = {}
+    for name, rows in ((LOGITS_FILE, len(raw)), (SWAPPED_LOGITS_FILE, len(raw)),
+                       (TRANSFER_LOGITS_FILE, None if pairs is None else len(pairs)),
+                       (SWAPPED_TRANSFER_LOGITS_FILE, None if pairs is None else len(pairs))):
+        needed = rows is not None and (both or name in (LOGITS_FILE, TRANSFER_LOGITS_FILE))
+        if not needed:  # e.g. both orders carried for a run on one order: the row order's logits are enough
+            continue
+        if not (folder / name).is_file():
+            raise TeacherError(f"{folder / name}: not found {carried}" + ("; it was made without train.swap_pairs, "
+                               "which this run sets" if name in (SWAPPED_LOGITS_FILE, SWAPPED_TRANSFER_LOGITS_FILE)
+                               else ""))
+        arrays[name] = np.load(folder / name)
+        if arrays[name].shape != (rows, task.num_labels):
+            raise TeacherError(f"{folder / name}: shape {list(arrays[name].shape)}, expected [{rows}, "
+                               f"{task.num_labels}] (rows, labels of this data) {carried}")
     identity["carried"] = {"from": params.distill.logits, "data_fingerprint": identity["data"]["fingerprint"],
                            "device": identity.get("device"), "seconds": identity.get("seconds")}
-    identity["data"] = {**identity["data"], "fingerprint": tokenized._fingerprint}
+    identity.update({"swapped": both, "data": {**identity["data"], "fingerprint": tokenized._fingerprint},
+                     "seconds": round(time.perf_counter() - start, 1)})
     if transfer is not None:  # this run's weight (a train param), which the train stage checks with the rest
         identity["transfer"] = {**transfer, "params": params.distill.transfer.model_dump()}
-    pairs = None if transfer is None else pd.read_parquet(folder / TRANSFER_FILE)
-    return Teacher(identity, arrays[LOGITS_FILE], arrays[SWAPPED_LOGITS_FILE], transfer=None if pairs is None else
-                   TransferSet(pairs, arrays[TRANSFER_LOGITS_FILE], arrays[SWAPPED_TRANSFER_LOGITS_FILE]))
+    return Teacher(identity, arrays[LOGITS_FILE], arrays.get(SWAPPED_LOGITS_FILE), transfer=None if pairs is None else
+                   TransferSet(pairs, arrays[TRANSFER_LOGITS_FILE], arrays.get(SWAPPED_TRANSFER_LOGITS_FILE)))
 
 
 def teacher_inputs(folder: Path, teacher: str, paths: Paths) -> tuple[dict, Task, DatasetDict, Dataset]:

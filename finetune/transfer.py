@@ -58,7 +58,7 @@ def neighbour_pairs(train: Dataset, text_columns: tuple[str, str], symmetric: bo
 
     Returns:
         A frame with the two text columns and ``similarity`` (cosine, 0 to 1), queries in first-seen order, each
-        query's neighbours most similar first.
+        query's neighbours most similar first (equally similar ones in first-seen order, on every machine).
 
     Raises:
         DataError: the split has fewer than two distinct texts to pair.
@@ -80,7 +80,10 @@ def neighbour_pairs(train: Dataset, text_columns: tuple[str, str], symmetric: bo
     rows, seen = [], set()
     for query, row_distances, row_neighbours in zip(queries, distances, neighbours):
         taken = 0
-        for distance, j in zip(row_distances, row_neighbours):
+        # ties (texts that differ only in what the vectorizer drops, e.g. "<.DJI>" and ".DJI") in first-seen order:
+        # kneighbors orders them differently on other machines
+        order = np.lexsort((row_neighbours, np.round(row_distances, 9)))
+        for distance, j in zip(row_distances[order], row_neighbours[order]):
             candidate, similarity = candidates[j], 1.0 - float(distance)
             key = frozenset((query, candidate)) if symmetric else (query, candidate)
             if taken == k or similarity < min_similarity:

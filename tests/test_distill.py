@@ -544,6 +544,32 @@ def test_neighbour_pairs_are_of_train_texts_never_a_train_pair_a_repeat_or_a_hel
     assert sampled.merge(pairs).shape[0] == 50  # a sample of the pairs, in their order
 
 
+def test_equally_similar_neighbours_come_in_first_seen_order(monkeypatch):
+    from datasets import Dataset
+    from sklearn.neighbors import NearestNeighbors
+
+    from finetune.transfer import neighbour_pairs
+
+    # the two Dow sentences differ only in what TF-IDF drops ("<" and ">"): equally similar to every query
+    dow = ["The Dow Jones index <.DJI> fell 98 points on Friday.", "The Dow Jones index .DJI fell 98 points on Friday."]
+    others = ["Dow Jones traders said the index fell sharply.", "Shares of Intel rose after the earnings report.",
+              "The company said profits rose in the third quarter.", "Police arrested two men late on Friday."]
+    kneighbors = NearestNeighbors.kneighbors
+
+    def last_seen_first(self, *args, **kwargs):  # as another machine may order ties
+        distances, indices = kneighbors(self, *args, **kwargs)
+        order = np.lexsort((-indices, np.round(distances, 9)), axis=1)
+        return np.take_along_axis(distances, order, 1), np.take_along_axis(indices, order, 1)
+
+    monkeypatch.setattr(NearestNeighbors, "kneighbors", last_seen_first)
+    for first in (dow, dow[::-1]):
+        train = Dataset.from_dict({"sentence1": others[:3], "sentence2": [others[3], *first]})  # others[0] queried first
+        pairs = neighbour_pairs(train, ("sentence1", "sentence2"), True, k=1, min_similarity=0.0,
+                                max_similarity=0.99)
+        chosen = pairs[pairs["sentence1"] == others[0]]["sentence2"].tolist()
+        assert chosen == [first[0]]  # of the tie, the text seen first
+
+
 def test_file_pairs_drop_empty_repeated_train_and_held_out_rows(tmp_path, monkeypatch, tiny_raw):
     from finetune.transfer import make_transfer_set
 
@@ -878,6 +904,37 @@ def test_carried_logits_of_other_rows_or_transfer_params_are_refused_naming_the_
     made = carried_paths.root / file
     made.write_text(json.dumps({**json.loads(made.read_text()), "data": {"fingerprint": "f"}}))  # an older stage's
     with pytest.raises(TeacherError, match="rows sha256 None"):
+        carried_teacher(carried_params, carried_paths)
+
+
+def test_carried_logits_of_both_orders_serve_one_order_and_missing_orders_or_held_out_texts_are_refused(
+        carried, project, tiny_raw, tmp_path):
+    from finetune.split_zip import sha256_file
+    from finetune.teacher import carried_teacher
+    from finetune.transfer import SWAPPED_TRANSFER_LOGITS_FILE, TRANSFER_FILE
+
+    (params, paths), (carried_params, carried_paths) = carried
+    logits = carry(paths, tmp_path / "one-order")  # both orders carried, for a run on one order
+    one_params, one = project(name="one-order", train={"swap_pairs": False}, distill={**NEIGHBOURS, "teacher": None,
+                                                                                       "logits": logits})
+    teacher = carried_teacher(one_params, one)
+    assert teacher.logits_swapped is None and teacher.transfer.logits_swapped is None
+    assert teacher.identity["swapped"] is False and np.array_equal(teacher.logits, np.load(paths.teacher / LOGITS_FILE))
+    save_teacher(one.teacher, teacher)
+    assert load(one_params, one).logits.shape == (40, 2)  # the train stage takes them
+    folder = carried_paths.root / logits
+    (folder / SWAPPED_TRANSFER_LOGITS_FILE).unlink()
+    with pytest.raises(TeacherError, match=r"mpnet/transfer_logits_swapped.npy: not found \(distill.logits: "
+                                           r"'data/teachers/mpnet'\); it was made without train.swap_pairs"):
+        carried_teacher(carried_params, carried_paths)
+    shutil.copy(paths.teacher / SWAPPED_TRANSFER_LOGITS_FILE, folder)
+    pairs = pd.read_parquet(folder / TRANSFER_FILE)
+    pairs.loc[3, "sentence2"] = tiny_raw["validation"][0]["sentence2"]
+    pairs.to_parquet(folder / TRANSFER_FILE, index=False)
+    made = json.loads((folder / TEACHER_FILE).read_text())
+    made["transfer"]["sha256"] = sha256_file(folder / TRANSFER_FILE)
+    (folder / TEACHER_FILE).write_text(json.dumps(made))
+    with pytest.raises(TeacherError, match="mpnet/transfer.parquet: holds texts of this data's validation or test"):
         carried_teacher(carried_params, carried_paths)
 
 
