@@ -38,7 +38,7 @@ from finetune.tables import markdown_table
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
-GLUE = REPO.parent / "shared" / "datasets" / "glue"  # the local copy of GLUE (README: "This machine")
+GLUE = REPO.parent / "shared" / "datasets" / "glue"  # the local copy of GLUE (params.yaml data.local_copy)
 PROJECT_FILES = ["stages", "finetune", "configs", "dvc.yaml", "params.yaml", ".dvcignore"]
 STAGES = ["download", "tokenize", "collate-check", "teacher", "train", "evaluate"]
 ROW_STAGES = {"download": "train + validation + test", "tokenize": "train + validation + test",

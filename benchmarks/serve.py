@@ -36,7 +36,8 @@ from datasets import load_from_disk
 from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoTokenizer, pipeline
 
-from benchmarks.benchmark import check_workspace, machine, matmul_gflops
+from benchmarks.machine import machine, matmul_gflops
+from benchmarks.workspace import check_workspace
 from finetune.export import bf16_unsupported, make_forms
 from finetune.forms import PYTORCH, load_form
 from finetune.modeling import load_classifier

@@ -15,59 +15,35 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from finetune.params import EvaluateParams
-from finetune.tokenization import SWAPPED, token_lengths
+from finetune.tokenization import token_lengths
 
-TEACHER_LOGITS = "teacher_logits"  # a train row's teacher logits, with distillation (finetune.distill)
+TEACHER_LOGITS = "teacher_logits"  # a train row's column with distillation: the teacher's logits of it (finetune/distill.py)
 
 
 class PairCollator:
-    """Dynamic padding (``DataCollatorWithPadding``: each batch padded to its longest sequence, with the
-    tokenizer's pad id, on the right), after picking the order of each pair.
+    """Dynamic padding (``DataCollatorWithPadding``: each batch padded to its longest sequence, with the tokenizer's
+    pad id, on the right).
 
-    Rows of a symmetric pair task carry both orders (``finetune.tokenization.tokenize`` with ``swapped``). Each row is
-    swapped with probability ``swap``: 0 keeps the first order (s1, s2), 1 takes (s2, s1) for every row, 0.5 draws
-    the order per row from ``generator`` (reseed it to replay a draw). The unused order's columns are dropped;
-    rows without swapped columns pass as they are.
-
-    With distillation the train rows carry the teacher's logits (``TEACHER_LOGITS``, and ``SWAPPED`` +
-    ``TEACHER_LOGITS`` of the other order: ``finetune.distill.with_teacher_logits``): the picked order's are stacked
-    as ``teacher_logits``, a float32 tensor ``[batch, num_labels]``.
+    With distillation the train rows carry the teacher's logits (``TEACHER_LOGITS``:
+    ``finetune.distill.with_teacher_logits``): they are stacked as ``teacher_logits``, a float32 tensor
+    ``[batch, num_labels]``.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, swap: float = 0.0, seed: int = 0):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.pad = DataCollatorWithPadding(tokenizer=tokenizer)
-        self.swap = swap
-        self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        swapped = torch.rand(len(features), generator=self.generator) < self.swap if 0 < self.swap < 1 else \
-            [self.swap >= 1] * len(features)
-        rows = []
-        for row, use_swapped in zip(features, swapped):
-            kept = {k: v for k, v in row.items() if not k.startswith(SWAPPED)}
-            if use_swapped:
-                kept.update({k.removeprefix(SWAPPED): v for k, v in row.items() if k.startswith(SWAPPED)})
-            rows.append(kept)
+        rows = [dict(row) for row in features]
         teacher = [row.pop(TEACHER_LOGITS) for row in rows] if rows and TEACHER_LOGITS in rows[0] else None
         batch = self.pad(rows)
         if teacher is not None:
             batch[TEACHER_LOGITS] = torch.tensor(teacher, dtype=torch.float32)
         return batch
 
-    def skip(self, batches: int, batch_size: int) -> None:
-        """Draw the orders of ``batches`` batches of ``batch_size`` rows without collating them: a run resumed
-        mid-epoch skips the batches taken before its checkpoint, and the rest of the epoch then gets the orders an
-        uninterrupted run gives it. (The generator's state can't simply be checkpointed: accelerate's DataLoader
-        collates one batch ahead, so at a checkpoint the next batch's orders are already drawn.)"""
-        if 0 < self.swap < 1:
-            for _ in range(batches):
-                torch.rand(batch_size, generator=self.generator)
 
-
-def make_collator(tokenizer: PreTrainedTokenizerBase, swap: float = 0.0, seed: int = 0) -> PairCollator:
-    """The collator of every DataLoader: dynamic padding, pairs in their first order (``swap`` 0), swapped (1)
-    or in a random order per row (0.5), see ``PairCollator``."""
-    return PairCollator(tokenizer, swap, seed)
+def make_collator(tokenizer: PreTrainedTokenizerBase) -> PairCollator:
+    """The collator of every DataLoader: dynamic padding, see ``PairCollator``."""
+    return PairCollator(tokenizer)
 
 
 def train_dataloader(ds: Dataset, collator: PairCollator, batch_size: int, seed: int,
@@ -111,12 +87,7 @@ def evaluation_batches(ds: Dataset, collator: PairCollator,
     return eval_dataloader(ds.select(order), collator, p.batch_size), order
 
 
-def evaluation_loaders(ds: Dataset, tokenizer: PreTrainedTokenizerBase, p: EvaluateParams,
-                       both_orders: bool = False) -> tuple[list[DataLoader], np.ndarray | None]:
-    """``evaluation_batches`` of one split: one DataLoader, or with ``both_orders`` (a model trained with
-    ``train.swap_pairs``) two over the same rows in the same order, the pairs as given and swapped; the caller
-    averages their outputs (``finetune.evaluation.evaluate_split``)."""
-    loader, order = evaluation_batches(ds, make_collator(tokenizer), p)
-    if not both_orders:
-        return [loader], order
-    return [loader, evaluation_batches(ds, make_collator(tokenizer, swap=1.0), p)[0]], order
+def evaluation_loader(ds: Dataset, tokenizer: PreTrainedTokenizerBase,
+                      p: EvaluateParams) -> tuple[DataLoader, np.ndarray | None]:
+    """``evaluation_batches`` of one tokenized split with the dynamic-padding collator of ``tokenizer``."""
+    return evaluation_batches(ds, make_collator(tokenizer), p)

@@ -27,10 +27,11 @@ from ruamel.yaml import YAMLError
 
 from finetune.collapse import describe_constant
 from finetune.errors import PipelineError
-from finetune.params import DataParams, Params, yaml_reader
+from finetune.params import DataParams, Params
+from finetune.yaml_io import yaml_reader
 from finetune.paths import EVALUATION_LOGS, Paths
 from finetune.runtime import atomic_dir
-from finetune.sources import check_checkpoint
+from finetune.checkpoint import check_checkpoint
 from finetune.tables import markdown_table
 from finetune.tasks import GLUE_DATASETS, Task
 

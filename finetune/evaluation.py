@@ -55,18 +55,6 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Ten
     return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
 
 
-def average_orders(logits: list[torch.Tensor], task: Task) -> torch.Tensor:
-    """One prediction from the logits ``[examples, num_labels]`` of each order of a pair (``train.swap_pairs``):
-    the log of the mean class probability, so softmax and argmax of the result are those of the averaged
-    probabilities; for regression the mean score. A single tensor is returned as is."""
-    if len(logits) == 1:
-        return logits[0]
-    stacked = torch.stack(logits)  # [orders, examples, num_labels]
-    if task.is_regression:
-        return stacked.mean(dim=0)
-    return stacked.softmax(dim=-1).mean(dim=0).log()
-
-
 @torch.no_grad()
 def split_logits(model: PreTrainedModel, dataloader: DataLoader, accelerator: Accelerator,
                  desc: str = "evaluate") -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -90,24 +78,20 @@ def split_logits(model: PreTrainedModel, dataloader: DataLoader, accelerator: Ac
     return torch.cat(all_logits), torch.cat(all_labels) if all_labels else None
 
 
-def evaluate_split(model: PreTrainedModel, dataloaders: list[DataLoader], accelerator: Accelerator, task: Task,
+def evaluate_split(model: PreTrainedModel, dataloader: DataLoader, accelerator: Accelerator, task: Task,
                    metric: evaluate.EvaluationModule | None, desc: str = "evaluate") -> tuple[dict, torch.Tensor]:
-    """Evaluate one split: its logits (``split_logits``), averaged over ``dataloaders`` (one per order of the
-    pairs, see ``average_orders``; usually one), then the loss and ``metric.compute``.
+    """Evaluate one split: its logits (``split_logits``), then the loss and ``metric.compute``.
 
     Args:
-        dataloaders: the split's batches, each loader over the same rows in the same order.
         metric: None for an unlabeled split (loss and metrics are then omitted).
         desc: the progress bar's label.
 
     Returns:
         ``(metrics, logits)``: metrics ``{"loss", <the task's metrics>}`` (loss: mean cross-entropy, or mean
         squared error for regression, per example) and logits ``[examples, num_labels]`` on the CPU, in the
-        dataloaders' order.
+        dataloader's order.
     """
-    outputs = [split_logits(model, dl, accelerator, desc if i == 0 else f"{desc} (swapped)")
-               for i, dl in enumerate(dataloaders)]
-    logits, labels = average_orders([logits for logits, _ in outputs], task), outputs[0][1]
+    logits, labels = split_logits(model, dataloader, accelerator, desc)
     if metric is None:
         return {}, logits
     loss = loss_of(logits, labels, task).item() / labels.numel()

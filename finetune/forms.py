@@ -29,7 +29,7 @@ PYTORCH = "pytorch"  # the fine-tuned model as trained: models/finetuned, fp32
 class OnnxClassifier(torch.nn.Module):
     """An ONNX Runtime session of ``model.onnx`` in ``folder`` as a classifier: ``forward(**batch)`` takes the
     tokenizer's tensors ``[batch, seq_len]`` and returns ``SequenceClassifierOutput(logits [batch, num_labels])``
-    (float32 on the CPU); ``config`` is the folder's config.json (labels, ``swap_pairs``).
+    (float32 on the CPU); ``config`` is the folder's config.json (labels).
 
     Raises:
         ExportError: ONNX Runtime is not installed, or the folder has no model.onnx.

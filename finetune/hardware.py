@@ -56,7 +56,7 @@ def resolve_mixed_precision(choice: str) -> str:
 def describe_device(device) -> str:
     """The hardware a run's numbers depend on, in one line: the GPU's name, or the CPU's model name, its
     threads and its bf16 instructions (e.g. ``cpu: AMD EPYC, 2 threads, avx512_bf16``). ``mixed_precision: auto``
-    resolves differently across them, and so do the metrics (README, "Reproducibility")."""
+    resolves differently across them, and so do the metrics (docs/reproducibility.md)."""
     import torch
 
     if getattr(device, "type", str(device)) == "cuda":

@@ -33,7 +33,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
 from finetune.errors import CheckpointError
-from finetune.sources import check_checkpoint
+from finetune.checkpoint import check_checkpoint
 from finetune.tasks import Task
 
 
@@ -226,16 +226,8 @@ def _check_encoder_loaded(model: PreTrainedModel, info: dict, checkpoint_dir: st
 def load_finetuned(model_dir: str | Path) -> PreTrainedModel:
     """A fine-tuned model saved by the train stage (either head: ``model.pooling`` cls or mean), for evaluation.
 
-    Its ``config.swap_pairs`` says whether it was trained on both orders of its pairs (``train.swap_pairs``).
-
     Raises:
         CheckpointError: the folder lacks config, weights or tokenizer.
     """
     check_checkpoint(model_dir)
     return AutoModelForSequenceClassification.from_pretrained(model_dir)
-
-
-def trained_on_both_orders(model: PreTrainedModel) -> bool:
-    """Whether ``model`` (unwrapped: read it before ``accelerator.prepare``) was trained with ``train.swap_pairs``,
-    so that its predictions average both orders of each pair (``finetune.evaluation.average_orders``)."""
-    return bool(getattr(model.config, "swap_pairs", False))

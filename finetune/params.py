@@ -3,20 +3,19 @@ artifacts live is finetune/paths.py.
 
     python -m finetune.params      # check params.yaml: prints what is wrong and exits 1, or says it is valid
 
-The train and evaluate stages run this check before ``accelerate launch`` starts a process (dvc.yaml).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
-from ruamel.yaml import YAML, YAMLError
 
 from finetune.errors import ParamsError
+from finetune.paths import OWN_DATA, inside, own_model_folder
+from finetune.yaml_io import read_yaml
 from finetune.tasks import GLUE_DATASETS, GLUE_TASKS
 
 PARAMS_FILE = Path("params.yaml")
@@ -32,15 +31,6 @@ NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-OWN_DATA = "data/own"  # the user's own files live here: a dependency of the download stage (dvc.yaml)
-
-
-def inside(path: str, folder: str) -> bool:
-    """``path`` (from params.yaml) is relative and names something inside ``folder``, not ``folder`` itself."""
-    parts, top = Path(os.path.normpath(path)).parts, Path(folder).parts
-    return not Path(path).is_absolute() and parts[:len(top)] == top and len(parts) > len(top)
 
 
 Split = Literal["train", "validation", "test"]
@@ -71,7 +61,7 @@ class DataParams(_Section):
     @classmethod
     def _null_is_no_split(cls, files: dict | None) -> dict | None:
         # `dvc exp run -S 'data.files={...}'` merges into the mapping in params.yaml, keeping its other splits;
-        # `-S data.files.test=null` drops one (README, "Any GLUE task or your own data").
+        # `-S data.files.test=null` drops one (docs/any-task.md).
         return None if files is None else {split: file for split, file in files.items() if file is not None}
 
     @model_validator(mode="after")
@@ -112,20 +102,6 @@ class TokenizeParams(_Section):
     num_proc: PositiveInt | None  # worker processes of Dataset.map (null: one; the fast tokenizer uses every core)
 
 
-class HoldoutFold(_Section):
-    """One fold of the train rows left out of a run: the run of a cross-fitted teacher (finetune/folds.py)."""
-
-    folds: int = Field(strict=True, ge=2)  # the train rows in this many folds (scikit-learn's KFold, shuffled)
-    fold: NonNegativeInt  # the fold left out, 0 to folds - 1
-    seed: NonNegativeInt  # KFold's shuffle
-
-    @model_validator(mode="after")
-    def _fold_in_range(self) -> "HoldoutFold":
-        if self.fold >= self.folds:
-            raise ValueError(f"fold {self.fold} is not one of the {self.folds} folds (0 to {self.folds - 1})")
-        return self
-
-
 class TrainParams(_Section):
     seed: NonNegativeInt  # model head initialisation, dropout and batch order
     epochs: PositiveInt | None  # the most epochs (early stopping may end sooner)
@@ -151,11 +127,8 @@ class TrainParams(_Section):
     log_every: PositiveInt  # optimizer steps between DVCLive logs of train loss and learning rate
     group_by_length: StrictBool  # batches of similar lengths (transformers' LengthGroupedSampler)
     adamw_impl: Literal["default", "foreach", "fused"]  # torch.optim.AdamW implementation
-    layer_lr_decay: float = Field(gt=0, le=1)  # lr x this per layer below the head (1.0: one lr for all)
-    swap_pairs: StrictBool  # symmetric pair tasks: train on both orders, average both at evaluation
     torch_compile: StrictBool
     num_threads: PositiveInt | None  # torch.set_num_threads on CPU (null: torch's default)
-    holdout_fold: HoldoutFold | None  # train without one fold of the train rows (a cross-fitted teacher; null: all)
 
     @field_validator("mixed_precision", mode="before")
     @classmethod
@@ -182,10 +155,6 @@ class EvaluateParams(_Section):
     sort_by_length: StrictBool  # evaluate in order of length (less padding); predictions keep the row order
     # A split the data lacks (e.g. SST-2's test here) is skipped with a warning; MNLI adds the *_mismatched ones.
     splits: list[Literal["validation", "test", "validation_mismatched", "test_mismatched"]] = Field(min_length=1)
-
-
-CARRIED_LOGITS = "data/teachers"  # teachers' logits made elsewhere, in git (distill.logits): a dependency of teacher
-OWN_MODELS = "models/own"  # the user's own checkpoints and teachers live here: a dependency of download and teacher
 
 
 class TransferParams(_Section):
@@ -222,71 +191,18 @@ class DistillParams(_Section):
     alpha: float = Field(ge=0, le=1)  # weight of the soft loss: (1 - alpha) x hard + alpha x soft
     temperature: float = Field(gt=0)  # softens both distributions of the soft loss (classification)
     transfer: TransferParams  # unlabelled pairs labelled by the teacher only (kind null: none)
-    # cross-fitting: fold k's teacher trained with train.holdout_fold {folds: len, fold: k}; it labels fold k's rows
-    fold_teachers: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=2)
-    # a teacher stage's output made elsewhere (e.g. on a GPU), carried in git under data/teachers: used instead of
-    # scoring with a teacher, once checked against this data (finetune/teacher.py, carried_teacher)
-    logits: str | None = Field(min_length=1)
 
     @field_validator("teacher")
     @classmethod
     def _teacher_folder(cls, teacher: str | None) -> str | None:
         return None if teacher is None else own_model_folder(teacher)
 
-    @field_validator("fold_teachers")
-    @classmethod
-    def _fold_teacher_folders(cls, teachers: list[str] | None) -> list[str] | None:
-        return None if teachers is None else [own_model_folder(teacher) for teacher in teachers]
-
-    @field_validator("logits")
-    @classmethod
-    def _logits_folder(cls, logits: str | None) -> str | None:
-        return None if logits is None else carried_logits_folder(logits)
-
     @model_validator(mode="after")
     def _transfer_needs_a_teacher(self) -> "DistillParams":
-        if self.logits is not None and (self.teacher is not None or self.fold_teachers is not None):
-            raise ValueError("logits and teacher (or fold_teachers) are both set: the teacher stage either scores with "
-                             "the teacher or takes the carried logits; set one of them to null")
-        if self.transfer.kind is not None and self.teacher is None and self.logits is None:
+        if self.transfer.kind is not None and self.teacher is None:
             raise ValueError(f"transfer.kind is {self.transfer.kind!r} but teacher is null: a transfer set is "
-                             "labelled by the teacher; set distill.teacher (or distill.logits, carried logits of "
-                             "that transfer set), or transfer.kind: null")
-        if self.fold_teachers is not None and self.teacher is None:
-            raise ValueError("fold_teachers is set but teacher is null: set distill.teacher too (the teacher of all "
-                             "the train rows, which labels the transfer set), or fold_teachers: null")
+                             "labelled by the teacher; set distill.teacher, or transfer.kind: null")
         return self
-
-
-def own_model_folder(teacher: str) -> str:
-    """``teacher`` (a ``distill`` folder param), checked: a folder under models/own that exists.
-
-    Raises:
-        ValueError: naming the folder.
-    """
-    if not inside(teacher, OWN_MODELS):
-        raise ValueError(f"{teacher!r} is not a folder under {OWN_MODELS}/; put the teacher there (a dependency of "
-                         "the teacher stage in dvc.yaml, so DVC reruns it when the teacher changes)")
-    # Relative to the working directory, the project root of a stage (a DVC-tracked folder of the project).
-    if not Path(teacher).is_dir():
-        raise ValueError(f"folder {teacher!r} not found (from {Path.cwd()}); a queued experiment sees it only "
-                         f"when it is tracked: `dvc add {teacher}` (docs/distillation.md)")
-    return teacher
-
-
-def carried_logits_folder(logits: str) -> str:
-    """``logits`` (``distill.logits``), checked: a folder under data/teachers holding a teacher.json.
-
-    Raises:
-        ValueError: naming the folder.
-    """
-    if not inside(logits, CARRIED_LOGITS):
-        raise ValueError(f"{logits!r} is not a folder under {CARRIED_LOGITS}/; carry a teacher stage's output "
-                         "(data/teacher) there, in git (docs/distillation.md)")
-    if not (Path(logits) / "teacher.json").is_file():
-        raise ValueError(f"{logits!r} holds no teacher.json (from {Path.cwd()}); carry a whole data/teacher folder, "
-                         "and commit it (`git add`): a queued experiment sees only what git tracks")
-    return logits
 
 
 class Int8Params(_Section):
@@ -321,25 +237,6 @@ class Params(_Section):
     evaluate: EvaluateParams
     distill: DistillParams
     export: ExportParams
-
-
-def yaml_reader() -> YAML:
-    """A YAML 1.2 reader (and writer), as DVC reads and writes params.yaml: `dvc exp run -S` writes ``no`` and
-    ``3e-5`` unquoted, which PyYAML's YAML 1.1 would read as False and as a string. ``load`` raises ruamel's
-    ``YAMLError`` on text that is not YAML."""
-    return YAML(typ="safe", pure=True)
-
-
-def read_yaml(text: str, source: str) -> Any:
-    """``text`` read with ``yaml_reader``.
-
-    Raises:
-        ParamsError: ``text`` is not YAML; the message names ``source``.
-    """
-    try:
-        return yaml_reader().load(text)
-    except YAMLError as err:
-        raise ParamsError(f"{source}: not valid YAML: {err}") from None
 
 
 def load_params(path: str | Path = PARAMS_FILE) -> Params:

@@ -8,6 +8,36 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+OWN_DATA = "data/own"  # the user's own files live here: a dependency of the download stage (dvc.yaml)
+
+
+def inside(path: str, folder: str) -> bool:
+    """``path`` (from params.yaml) is relative and names something inside ``folder``, not ``folder`` itself."""
+    parts, top = Path(os.path.normpath(path)).parts, Path(folder).parts
+    return not Path(path).is_absolute() and parts[:len(top)] == top and len(parts) > len(top)
+
+
+OWN_MODELS = "models/own"  # the user's own checkpoints and teachers live here: a dependency of download and teacher
+
+
+
+def own_model_folder(teacher: str) -> str:
+    """``teacher`` (a ``distill`` folder param), checked: a folder under models/own that exists.
+
+    Raises:
+        ValueError: naming the folder.
+    """
+    if not inside(teacher, OWN_MODELS):
+        raise ValueError(f"{teacher!r} is not a folder under {OWN_MODELS}/; put the teacher there (a dependency of "
+                         "the teacher stage in dvc.yaml, so DVC reruns it when the teacher changes)")
+    # Relative to the working directory, the project root of a stage (a DVC-tracked folder of the project).
+    if not Path(teacher).is_dir():
+        raise ValueError(f"folder {teacher!r} not found (from {Path.cwd()}); a queued experiment sees it only "
+                         f"when it is tracked: `dvc add {teacher}` (docs/distillation.md)")
+    return teacher
+
+
+
 def project_path(path: str) -> Path:
     """A path from params.yaml: absolute as is; inside the project (``data/own/...``, ``models/own/...``) relative to
     the folder the stage runs in; outside it (``../shared/...``) relative to the original repository.

@@ -25,6 +25,7 @@ from finetune.code import code_digest
 from finetune.errors import CheckpointError
 from finetune.params import Params
 from finetune.paths import Paths
+from finetune.runtime import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class RunState:
 
 
 def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int, mixed_precision: str,
-                    teacher: dict | None = None) -> str:
+                    distilling: bool = False) -> str:
     """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
 
     Covers the train params (except ``resume``, ``log_every``), ``model.pooling``, the evaluation batching, the
@@ -62,8 +63,8 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
     is bf16 on one machine and fp32 on another, and a checkpoint of one is not continued in the other), the
     tokenized data (datasets' fingerprint of each split) and its task, the pretrained checkpoint's config and
     weights' sizes, the code (``finetune.code.code_digest`` of the train stage: every project file it runs) and,
-    with distillation, the ``distill`` params and ``teacher`` (``finetune.distill.Teacher.fingerprint``: its identity
-    and the hash of its logits; None: distillation off).
+    with distillation (``distilling``), the ``distill`` params and the sha256 of every file of ``paths.teacher`` (the
+    teacher's identity and logits).
     """
     weights = sorted((f.name, f.stat().st_size) for f in paths.pretrained.glob("*.safetensors"))
     accelerate_config = Path(params.train.accelerate_config)
@@ -79,7 +80,8 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
         "config": (paths.pretrained / "config.json").read_text(),
         "weights": weights,
         "code": code_digest("stages.train"),
-        "distill": None if teacher is None else {"params": params.distill.model_dump(), "teacher": teacher},
+        "distill": None if not distilling else {"params": params.distill.model_dump(), "teacher": {
+            f.name: sha256_file(f) for f in sorted(paths.teacher.iterdir()) if f.is_file()}},
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -15,15 +15,14 @@ from dataclasses import dataclass
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from datasets import Dataset, load_from_disk
+from datasets import load_from_disk
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from finetune.batches import PairCollator, evaluation_loaders, make_collator, train_dataloader
+from finetune.batches import evaluation_loader, make_collator, train_dataloader
 from finetune.collapse import constant_baseline
-from finetune.distill import Distillation, load_teacher, with_teacher_logits, with_transfer_rows
+from finetune.distill import Distillation, load_teacher, with_teacher_logits
 from finetune.errors import ParamsError
 from finetune.evaluation import load_metric
-from finetune.folds import HOLDOUT_KEY, holdout_record, kept_rows
 from finetune.hardware import resolve_mixed_precision
 from finetune.modeling import load_classifier
 from finetune.optim import Schedule, make_optimizer, make_scheduler
@@ -32,7 +31,6 @@ from finetune.paths import Paths
 from finetune.resume import run_fingerprint
 from finetune.runtime import make_accelerator, set_cpu_threads
 from finetune.tasks import Task
-from finetune.tokenization import has_both_orders
 from finetune.trial import TrialReport
 
 log = logging.getLogger(__name__)
@@ -51,9 +49,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_dl: torch.utils.data.DataLoader
-    val_dls: list[torch.utils.data.DataLoader]  # one, or with train.swap_pairs one per order of the pairs
+    val_dl: torch.utils.data.DataLoader
     batch_order: torch.Generator  # reseeded every epoch: the batch order depends on seed and epoch only
-    train_collator: PairCollator  # with train.swap_pairs its generator, reseeded every epoch, orders the pairs
     schedule: Schedule
     fingerprint: str
     mixed_precision: str
@@ -86,68 +83,39 @@ def build_run(params: Params, paths: Paths) -> Run:
     except ValueError as err:
         raise ParamsError(f"params.yaml: {err}") from None
     tokenized = load_from_disk(str(paths.tokenized))
-    check_swap_pairs(p, task, tokenized["train"])
     teacher = load_teacher(params.distill, paths.teacher, task, tokenized["train"])  # None: distillation off
-    train_rows = tokenized["train"] if teacher is None else with_teacher_logits(tokenized["train"], teacher)
-    if p.holdout_fold is not None:  # the run of a cross-fitted teacher: one fold of the train rows left out
-        train_rows = train_rows.select(kept_rows(len(train_rows), p.holdout_fold))
-        log.info("train.holdout_fold: fold %d of %d (seed %d) left out; training on %d of %d train rows",
-                 p.holdout_fold.fold, p.holdout_fold.folds, p.holdout_fold.seed, len(train_rows),
-                 len(tokenized["train"]))
-    if teacher is not None and teacher.transfer is not None:  # the transfer pairs, labelled by the teacher only
-        train_rows = with_transfer_rows(train_rows, teacher.transfer, tokenizer, params.tokenize.max_length, task)
+    train_rows = tokenized["train"] if teacher is None else \
+        with_teacher_logits(tokenized["train"], teacher, tokenizer, params.tokenize.max_length, task)
     model = load_classifier(paths.pretrained, task, params.model.pooling)
-    model.config.swap_pairs = p.swap_pairs  # saved in config.json: evaluation averages both orders when true
-    if p.holdout_fold is not None:  # saved in config.json: the teacher stage checks a fold teacher's fold
-        setattr(model.config, HOLDOUT_KEY, holdout_record(len(tokenized["train"]), p.holdout_fold))
     parameters = sum(t.numel() for t in model.parameters())
-    train_collator = make_collator(tokenizer, swap=0.5 if p.swap_pairs else 0.0, seed=p.seed)
-    train_dl = train_dataloader(train_rows, train_collator, p.batch_size, p.seed, p.group_by_length)
+    train_dl = train_dataloader(train_rows, make_collator(tokenizer), p.batch_size, p.seed, p.group_by_length)
     batch_order = train_dl.generator
-    val_dls, _ = evaluation_loaders(tokenized["validation"], tokenizer, params.evaluate, p.swap_pairs)
+    val_dl, _ = evaluation_loader(tokenized["validation"], tokenizer, params.evaluate)
     optimizer = make_optimizer(model, p)
     if p.torch_compile:
         model = torch.compile(model)
-    model, optimizer, train_dl, *val_dls = accelerator.prepare(model, optimizer, train_dl, *val_dls)
+    model, optimizer, train_dl, val_dl = accelerator.prepare(model, optimizer, train_dl, val_dl)
     schedule = Schedule.of(p, len(train_dl))
     scheduler = make_scheduler(optimizer, p, schedule)
     accelerator.register_for_checkpointing(scheduler)
     log.info("Training up to %d optimizer steps (%d epochs of %d) on %d process(es) (%s), batch %d x %d accumulation, "
-             "mixed precision %s, lr %g (layer decay %g), %s schedule, %d warmup steps, %s head, %s, %d CPU threads",
+             "mixed precision %s, lr %g, %s schedule, %d warmup steps, %s head, %d CPU threads",
              schedule.total_steps, schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes,
-             accelerator.device, p.batch_size, p.gradient_accumulation_steps, mixed_precision, p.lr, p.layer_lr_decay,
-             p.scheduler, schedule.warmup_steps, params.model.pooling,
-             "pairs in both orders" if p.swap_pairs else "pairs as given", threads)
+             accelerator.device, p.batch_size, p.gradient_accumulation_steps, mixed_precision, p.lr,
+             p.scheduler, schedule.warmup_steps, params.model.pooling, threads)
     distill = None
     if teacher is not None:
         d = params.distill
         distill = Distillation(d.alpha, d.temperature, task.is_regression, teacher.identity, d.transfer.weight)
-        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g%s", d.logits or d.teacher,
+        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g%s", d.teacher,
                  teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature,
-                 "" if teacher.transfer is None else f"; {len(teacher.transfer.pairs)} transfer pairs among the "
+                 "" if teacher.transfer is None else f"; {len(teacher.transfer)} transfer pairs among the "
                  f"{len(train_rows)} train rows, their loss {d.transfer.weight:g} x soft")
     fingerprint = run_fingerprint(params, paths, tokenized, accelerator.num_processes, mixed_precision,
-                                  teacher.fingerprint() if teacher is not None else None)
+                                  distilling=teacher is not None)
     baseline = constant_baseline(task, load_metric(task), tokenized["train"]["labels"],
                                  tokenized["validation"]["labels"])
-    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dls,
-               batch_order, train_collator, schedule, fingerprint, mixed_precision, parameters, baseline,
+    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dl,
+               batch_order, schedule, fingerprint, mixed_precision, parameters, baseline,
                distill=distill)
 
-
-def check_swap_pairs(p: TrainParams, task: Task, train: Dataset) -> None:
-    """With ``train.swap_pairs``, the task must be a symmetric pair task whose tokenized train split ``train`` has
-    both orders.
-
-    Raises:
-        ParamsError: the task is not symmetric, or the data lacks the swapped columns (tokenized by an older
-            version: rerun the tokenize stage).
-    """
-    if not p.swap_pairs:
-        return
-    if not task.symmetric:
-        raise ParamsError(f"params.yaml: train.swap_pairs: task {task.name!r} is not symmetric (its label depends on "
-                          "the order of the texts); set train.swap_pairs: false, or data.symmetric: true for your "
-                          "own pair data whose label does not")
-    if not has_both_orders(train):
-        raise ParamsError("data/tokenized: no swapped pairs in the train split; rerun `dvc repro tokenize`")

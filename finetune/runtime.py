@@ -4,6 +4,7 @@ atomically. What the hardware decides (precision, the CPU's instructions) is in 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -32,6 +33,31 @@ def run_stage(main: Callable[[], Any]) -> None:
         main()
     except PipelineError as err:
         sys.exit(f"ERROR: {err}")
+
+
+LAUNCHED = "FINETUNE_ACCELERATE_LAUNCHED"  # set in the processes `accelerate launch` started for a stage
+
+
+def launch_if_distributed(module: str, accelerate_config: str | Path) -> None:
+    """Hand the stage ``module`` over to ``accelerate launch --config_file <accelerate_config> -m <module>`` when
+    that config asks for more than this one process (several processes or machines, or a distributed type such as
+    MULTI_GPU, DEEPSPEED or FSDP); return at once otherwise, and in the processes a launcher started.
+
+    One process runs the stage as it is: starting it through `accelerate launch` would only cost another Python
+    start that imports torch (about 4.5 s a stage; docs/results.md). The config's fields are accelerate's
+    (https://huggingface.co/docs/accelerate/package_reference/cli#accelerate-launch).
+    """
+    import yaml
+
+    config = yaml.safe_load(Path(accelerate_config).read_text()) or {}
+    distributed = str(config.get("distributed_type", "NO")).upper() != "NO" or \
+        int(config.get("num_processes") or 1) > 1 or int(config.get("num_machines") or 1) > 1
+    if not distributed or os.environ.get(LAUNCHED) or "LOCAL_RANK" in os.environ:  # LOCAL_RANK: started by torchrun
+        return
+    os.environ[LAUNCHED] = "1"
+    sys.stdout.flush(), sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
+                              str(accelerate_config), "-m", module])
 
 
 def setup_logging() -> None:
@@ -80,6 +106,15 @@ def peak_memory_mb() -> float:
     import resource
 
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 hex digest of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> None:

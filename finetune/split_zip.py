@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finetune.errors import SourceError
-from finetune.runtime import atomic_dir
+from finetune.runtime import atomic_dir, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +70,6 @@ def cache_root() -> Path:
     if os.environ.get("MRPC_PIPELINE_CACHE"):
         return Path(os.environ["MRPC_PIPELINE_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mrpc-pipeline"
-
-
-def sha256_file(path: Path) -> str:
-    """sha256 hex digest of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def find_pieces(spec: SplitZip) -> list[tuple[str, Path, str]]:

@@ -12,18 +12,13 @@ import numpy as np
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerBase
 
-SWAPPED = "swapped_"  # prefix of the columns that hold a pair in the other order (tokenize with swapped)
-
-
 def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None,
-             text_columns: tuple[str, ...], swapped: bool = False, cache_dir: Path | None = None,
+             text_columns: tuple[str, ...], cache_dir: Path | None = None,
              num_proc: int | None = None) -> DatasetDict:
     """Tokenize as the course does: ``tokenizer(s1, s2, truncation=True)`` (or ``tokenizer(s, ...)`` for a
     single-sentence task) via ``map(batched=True)``.
 
-    No padding here: DataCollatorWithPadding pads each batch to its own longest sequence. With ``swapped`` (a
-    symmetric pair task), each row also holds the pair in the other order, ``tokenizer(s2, s1, ...)``, under
-    ``SWAPPED`` + the column name; ``finetune.batches.PairCollator`` picks one order per row.
+    No padding here: DataCollatorWithPadding pads each batch to its own longest sequence.
 
     Where the rows go: with ``cache_dir``, Arrow files in that folder (``<split>.arrow``), memory-mapped, so the
     memory used does not grow with the rows (the tokenize stage: a scratch folder); without, memory (small data,
@@ -33,18 +28,13 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
 
     Returns:
         A DatasetDict with columns ``input_ids``, ``token_type_ids`` (where the tokenizer gives them: BERT,
-        ELECTRA, DeBERTa-v2; not RoBERTa, DistilBERT, MPNet), ``attention_mask`` (each swapped too with
-        ``swapped``) and, in labeled splits, ``labels``; the text columns and idx are dropped (row order is kept, so
+        ELECTRA, DeBERTa-v2; not RoBERTa, DistilBERT, MPNet), ``attention_mask`` and, in labeled splits, ``labels``; the text columns and idx are dropped (row order is kept, so
         row i is raw row i).
     """
 
     def encode(batch):
         texts = [batch[c] for c in text_columns]
-        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
-        if swapped:
-            other = tokenizer(*texts[::-1], truncation=True, max_length=max_length)
-            encoded.update({SWAPPED + name: values for name, values in other.items()})
-        return encoded
+        return tokenizer(*texts, truncation=True, max_length=max_length)
 
     def where(split: str) -> dict:
         return {"keep_in_memory": True} if cache_dir is None else {"cache_file_name": str(cache_dir / f"{split}.arrow")}
@@ -60,12 +50,6 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
 def truncation_length(tokenizer: PreTrainedTokenizerBase, max_length: int | None) -> int:
     """The truncation length in tokens: ``tokenize.max_length``, or (null) the tokenizer's ``model_max_length``."""
     return max_length or tokenizer.model_max_length
-
-
-def has_both_orders(ds: Dataset) -> bool:
-    """Whether the tokenized split ``ds`` holds each pair in both orders (``tokenize`` with ``swapped``: the
-    ``SWAPPED`` columns beside the others, as ``train.swap_pairs`` needs)."""
-    return SWAPPED + "input_ids" in ds.column_names
 
 
 def length_stats(ds: Dataset, max_length: int) -> dict:

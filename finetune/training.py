@@ -17,7 +17,7 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from accelerate import Accelerator
@@ -25,49 +25,19 @@ from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
 from finetune.collapse import collapse_check, end_of_run, note_evaluation
+from finetune.early_stopping import EarlyStopping
 from finetune.evaluation import evaluate_split, load_metric, predictions_of
-from finetune.hardware import describe_device, numerics
 from finetune.live import TrainLog
 from finetune.params import Params
 from finetune.paths import Paths
 from finetune.resume import RunState, last_checkpoint, load_checkpoint, save_checkpoint
 from finetune.run import Run, build_run
-from finetune.runtime import atomic_dir, peak_memory_mb
+from finetune.runtime import atomic_dir
+from finetune.train_metrics import final_metrics
 from finetune.tasks import Task
 from finetune.trial import trial_from_env
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EarlyStopping:
-    """Track a validation metric across evaluations: is this one the best so far, and is it time to stop?
-
-    ``mode`` 'max' for accuracy/F1, 'min' for loss. An evaluation improves when it beats the best by more than
-    ``threshold``; training stops after ``patience`` evaluations in a row without improvement (None: never),
-    like transformers' ``EarlyStoppingCallback``.
-    """
-
-    mode: str
-    patience: int | None = None
-    threshold: float = 0.0
-    best: float | None = None
-    best_epoch: int = 0
-    best_step: int = 0
-    bad_evaluations: int = 0
-
-    def update(self, value: float, epoch: int, step: int = 0) -> bool:
-        """Record ``value`` of the evaluation at optimizer step ``step`` of ``epoch``; True when it is a new best."""
-        sign = 1 if self.mode == "max" else -1
-        if self.best is None or sign * (value - self.best) > self.threshold:
-            self.best, self.best_epoch, self.best_step, self.bad_evaluations = value, epoch, step, 0
-            return True
-        self.bad_evaluations += 1
-        return False
-
-    @property
-    def should_stop(self) -> bool:
-        return self.patience is not None and self.bad_evaluations >= self.patience
 
 
 def train(params: Params, paths: Paths) -> dict:
@@ -139,43 +109,23 @@ def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
 def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainLog, progress: tqdm,
                 paths: Paths) -> None:
     """One epoch of optimizer steps, or what is left of it after a mid-epoch resume (fewer when the run ends or
-    stops early first), with the evaluations and checkpoints that fall in it. With distillation, each step's hard
-    and soft loss go to ``state.loss_parts``.
+    stops early first), with the evaluations and checkpoints that fall in it.
 
     The epoch's batch order depends on seed and epoch only, so a resumed run replays it and skips the batches taken
     before the checkpoint (``accelerator.skip_first_batches``: the sampler runs, the skipped rows are not loaded).
     """
-    p, accelerator, model, schedule = run.p, run.accelerator, run.model, run.schedule
+    p, accelerator, schedule = run.p, run.accelerator, run.schedule
     epoch = state.epoch + 1
     done = state.step - state.epoch * schedule.steps_per_epoch  # steps of this epoch taken before a resume
     run.batch_order.manual_seed(p.seed + epoch)
-    run.train_collator.generator.manual_seed(p.seed + epoch)
-    batches = run.train_dl
-    if done:
-        skipped = done * p.gradient_accumulation_steps
-        batches = accelerator.skip_first_batches(run.train_dl, skipped)
-        run.train_collator.skip(skipped, p.batch_size)
-    model.train()
-    micro_losses = []
-    micro_parts: dict[str, list[float]] = {}  # distillation: hard and soft loss of each batch of this step
+    batches = accelerator.skip_first_batches(run.train_dl, done * p.gradient_accumulation_steps) if done else \
+        run.train_dl
+    run.model.train()
+    micro_losses, micro_parts = [], {}  # of the batches of this optimizer step (distillation: hard and soft loss)
     tick = time.perf_counter()
     for batch in batches:
         step_start = time.perf_counter()
-        # forward, backward; the optimizer steps once every gradient_accumulation_steps batches
-        with accelerator.accumulate(model):
-            if run.distill is None:
-                loss = model(**batch).loss
-            else:
-                loss, hard, soft = run.distill.loss(model, batch)
-                parts = torch.stack((hard, soft)).detach().tolist()  # one device sync for both
-                for name, value in zip(("train/hard_loss", "train/soft_loss"), parts):
-                    micro_parts.setdefault(name, []).append(value)
-            accelerator.backward(loss)
-            if accelerator.sync_gradients and p.max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
-            run.optimizer.step()
-            run.optimizer.zero_grad()
-        micro_losses.append(loss.item())
+        micro_losses.append(train_batch(run, batch, micro_parts))
         state.samples += batch["labels"].shape[0] * accelerator.num_processes
         state.real_tokens += int(batch["attention_mask"].sum())
         state.padded_tokens += batch["attention_mask"].numel()
@@ -187,7 +137,7 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
         if state.step == 1 and p.torch_compile:
             run.compile_seconds = time.perf_counter() - step_start
         state.losses.append(sum(micro_losses) / len(micro_losses))
-        state.lrs.append(max(run.scheduler.get_last_lr()))  # the head's, with train.layer_lr_decay
+        state.lrs.append(run.scheduler.get_last_lr()[0])
         for name, values in micro_parts.items():
             state.loss_parts.setdefault(name, []).append(finite_mean(values))
         micro_losses, micro_parts = [], {}
@@ -201,7 +151,7 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
             state.epoch = epoch
         if (state.step % p.eval_every_steps == 0 or last) if p.eval_every_steps else state.epoch == epoch:
             evaluate_and_keep(run, state, stopping, logs, paths)
-            model.train()
+            run.model.train()
         elif p.save_every_steps and state.step % p.save_every_steps == 0:
             save_checkpoint(accelerator, paths.checkpoints, state, p.save_total_limit)
         tick = time.perf_counter()
@@ -209,9 +159,33 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
             break
 
 
+def train_batch(run: Run, batch: dict, parts: dict[str, list[float]]) -> float:
+    """Forward and backward of one batch (``[batch, seq_len]`` tensors); the optimizer steps once every
+    ``gradient_accumulation_steps`` batches (``accelerator.accumulate``), the gradient clipped to
+    ``train.max_grad_norm`` first. With distillation the batch's hard and soft loss are appended to ``parts``.
+
+    Returns:
+        The batch's loss.
+    """
+    accelerator, model = run.accelerator, run.model
+    with accelerator.accumulate(model):
+        if run.distill is None:
+            loss = model(**batch).loss
+        else:
+            loss, hard, soft = run.distill.loss(model, batch)
+            for name, value in zip(("train/hard_loss", "train/soft_loss"), torch.stack((hard, soft)).detach().tolist()):
+                parts.setdefault(name, []).append(value)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and run.p.max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), run.p.max_grad_norm)
+        run.optimizer.step()
+        run.optimizer.zero_grad()
+    return loss.item()
+
+
 def finite_mean(values: list[float]) -> float:
     """The mean of the values that are not NaN (NaN if none is): a batch of transfer rows alone has no hard loss
-    (``finetune.distill.transfer_distillation_loss``)."""
+    (``finetune.distill.distillation_loss``)."""
     kept = [v for v in values if not math.isnan(v)]
     return sum(kept) / len(kept) if kept else math.nan
 
@@ -221,7 +195,7 @@ def evaluate_and_keep(run: Run, state: RunState, stopping: EarlyStopping, logs: 
     verdict comes at the end of the run), log the evaluation, keep the model if it is the best so far (or every
     time without ``keep_best``), and checkpoint the run."""
     p, main, unit = run.p, run.task.metrics[0], run.unit
-    validation, logits = evaluate_split(run.model, run.val_dls, run.accelerator, run.task, load_metric(run.task),
+    validation, logits = evaluate_split(run.model, run.val_dl, run.accelerator, run.task, load_metric(run.task),
                                         desc="validation")
     since = state.evaluations[-1]["step"] if state.evaluations else 0  # the steps since the previous evaluation
     parts = {name: values[since:] for name, values in state.loss_parts.items()}  # distillation's
@@ -285,70 +259,3 @@ def kept_evaluation(run: Run, state: RunState, stopping: EarlyStopping) -> dict:
     if run.p.keep_best:
         return next(e for e in state.evaluations if e["step"] == stopping.best_step)
     return state.evaluations[-1]
-
-
-def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping, collapse: dict,
-                  wall_seconds: float) -> dict:
-    """The run's metrics/train.json.
-
-    ``final_loss`` (mean train loss since the second-to-last evaluation: over the last epoch by default),
-    ``mean_loss`` (over all steps), ``steps`` (optimizer steps), ``epochs`` (epochs run, the last maybe in part),
-    ``evaluations`` (validations run), ``best_epoch``, ``best_step`` and ``best_validation_<metric>`` (the kept
-    evaluation ``kept``, by ``metric_for_best``), ``stopped_early``, ``pruned`` (a search's pruner stopped the run: ``finetune.trial``), ``resumed_from_step`` (0: a fresh run),
-    ``train_samples`` (examples seen), ``train_seconds`` (wall seconds of the optimisation steps, validation and
-    checkpoints excluded), ``samples_per_second`` (train samples/s), ``wall_seconds`` (the whole call: loading,
-    training, validation, saving), ``peak_memory_mb`` (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``),
-    ``parameters``, ``padding_fraction`` (padding / all tokens of the training batches), ``real_tokens``,
-    ``mixed_precision``, ``device`` (``describe_device``), ``numerics`` (what decides the last digits: CPU vendor and
-    model, threads, matmul and vector instructions; ``finetune.hardware.numerics``), ``validation_baseline`` (the
-    constant model of train's labels scored on validation: ``finetune.collapse.constant_baseline``), ``collapse``
-    (``collapse_check``'s verdict over the evaluations: ``finetune.collapse.end_of_run``), with ``torch_compile``
-    ``compile_seconds``, and with distillation ``distillation``: the teacher (``distill.teacher``) and its model type,
-    ``alpha``, ``temperature``, the last evaluation's mean ``final_hard_loss`` and ``final_soft_loss``, and
-    ``transfer`` (its ``rows``, ``kind`` and ``weight``, or None), ``fold_teachers`` (cross-fitting's teachers,
-    or None) and ``logits`` (``distill.logits``: the carried logits' folder, or None).
-    """
-    last = state.evaluations[-1]
-    metrics = {
-        "final_loss": round(last["train/loss"], 4),
-        "mean_loss": round(sum(state.losses) / len(state.losses), 4),
-        "steps": state.step,
-        "epochs": math.ceil(state.step / run.schedule.steps_per_epoch),
-        "evaluations": len(state.evaluations),
-        "best_epoch": kept["epoch"],
-        "best_step": kept["step"],
-        f"best_validation_{run.metric_for_best}": round(kept[f"validation/{run.metric_for_best}"], 4),
-        "stopped_early": stopping.should_stop and state.step < run.schedule.total_steps,
-        "pruned": run.pruned,
-        "resumed_from_step": run.resumed_from,
-        "train_samples": state.samples,
-        "train_seconds": round(state.train_seconds, 1),
-        "samples_per_second": round(state.samples / state.train_seconds, 2),
-        "wall_seconds": round(wall_seconds, 1),
-        "peak_memory_mb": peak_memory_mb(),
-        "parameters": run.parameters,
-        "padding_fraction": round(1 - state.real_tokens / state.padded_tokens, 4),
-        "real_tokens": state.real_tokens,
-        "mixed_precision": run.mixed_precision,
-        "device": describe_device(run.accelerator.device),
-        "numerics": numerics(run.accelerator.device, run.mixed_precision),
-        "validation_baseline": run.baseline,
-        "collapse": collapse,
-    }
-    if run.compile_seconds is not None:
-        metrics["compile_seconds"] = round(run.compile_seconds, 1)
-    if run.distill is not None:
-        transfer = run.distill.teacher.get("transfer")  # teacher.json's record of the transfer set, or None
-        fold_teachers = [t["teacher"] for t in run.distill.teacher.get("fold_teachers") or []] or None
-        metrics["distillation"] = {"teacher": run.distill.teacher["teacher"],
-                                   "teacher_model_type": run.distill.teacher["model_type"], "alpha": run.distill.alpha,
-                                   "temperature": run.distill.temperature,
-                                   "final_hard_loss": round(last["train/hard_loss"], 4),
-                                   "final_soft_loss": round(last["train/soft_loss"], 4),
-                                   "transfer": transfer and {"rows": transfer["rows"], "kind": transfer["params"]["kind"],
-                                                             "weight": run.distill.transfer_weight},
-                                   "fold_teachers": fold_teachers,
-                                   "logits": (run.distill.teacher.get("carried") or {}).get("from")}
-    if torch.cuda.is_available():
-        metrics["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    return metrics

@@ -1,25 +1,8 @@
-"""The transfer set of distillation: unlabelled pairs that the teacher labels and the student has never seen.
-
-Soft labels help most on text the student has no hard label for: Turc et al. 2019, "Well-Read Students Learn
-Better" (https://arxiv.org/abs/1908.08962), distil on a large unlabelled transfer set; TinyBERT
-(https://arxiv.org/abs/1909.10351) and Tang et al. 2019 (https://arxiv.org/abs/1903.12136) augment the task's data
-for the teacher to label. The teacher's logits of its own train rows say little more than their labels (issue 32).
-
-Two sources (``distill.transfer.kind``):
-
-- ``neighbours``: in-domain pairs made from the train split alone. Each text of the first column (for a symmetric
-  task: of both) is paired with its ``k`` nearest texts of the second column (symmetric: of both) by TF-IDF cosine
-  similarity (scikit-learn's ``TfidfVectorizer`` and ``NearestNeighbors``), leaving out a text paired with itself,
-  pairs outside ``[min_similarity, max_similarity)`` (above: near-identical, nothing for the teacher to judge;
-  below: unrelated, an easy "no"), pairs the train split already holds (they have labels) and repeats (a symmetric
-  pair in either order counts once).
-- ``files``: the user's own unlabelled text, files under data/own in any format ``data.files`` accepts, with the
-  task's text columns; exact repeats and pairs of the train split are dropped.
-
-Either way no transfer row holds a text of the validation or test split: a train text that also occurs there (MRPC
-reuses 284 train sentences in validation and test) is left out, so no validation or test pair can be rebuilt.
-
-``max_pairs`` keeps a seeded random sample of that many pairs, in their first order.
+"""The transfer set of distillation: unlabelled pairs that the teacher labels and the student has never seen, as
+Turc et al. 2019 (https://arxiv.org/abs/1908.08962) distil on unlabelled text. ``distill.transfer.kind`` picks the
+source: ``neighbours`` pairs train texts with their nearest train texts by TF-IDF cosine similarity (scikit-learn);
+``files`` takes the user's unlabelled files under data/own. No transfer row holds a text of the validation or test
+split (MRPC reuses 284 train sentences there), and ``max_pairs`` keeps a seeded sample.
 """
 
 from __future__ import annotations
@@ -38,10 +21,6 @@ if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
 
 log = logging.getLogger(__name__)
-
-TRANSFER_FILE = "transfer.parquet"  # in data/teacher: the transfer set's texts, similarity and source
-TRANSFER_LOGITS_FILE = "transfer_logits.npy"  # [pairs, num_labels] float32, the teacher's, transfer.parquet's order
-SWAPPED_TRANSFER_LOGITS_FILE = "transfer_logits_swapped.npy"  # the same, each pair in the other order
 
 
 def neighbour_pairs(train: Dataset, text_columns: tuple[str, str], symmetric: bool, k: int, min_similarity: float,

@@ -20,15 +20,17 @@ from accelerate import PartialState
 from datasets import Dataset, load_from_disk
 from transformers import AutoTokenizer
 
-from finetune.batches import evaluation_loaders
+from finetune.batches import evaluation_loader
 from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
 from finetune.evaluation import evaluate_split, load_metric, predictions_of, with_predictions
+from finetune.hardware import resolve_mixed_precision
 from finetune.live import log_plots, open_live
-from finetune.modeling import load_finetuned, trained_on_both_orders
+from finetune.modeling import load_finetuned
 from finetune.params import Params, load_params
 from finetune.paths import Paths
 from finetune.splits import is_labeled, present_splits
-from finetune.runtime import atomic_dir, make_accelerator, run_stage, set_cpu_threads, write_json
+from finetune.runtime import (atomic_dir, launch_if_distributed, make_accelerator, run_stage, set_cpu_threads,
+                              write_json)
 from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -64,18 +66,21 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
     """Evaluate ``paths.trained`` on those of ``evaluate.splits`` the data has; write one predictions CSV per split
     into ``paths.predictions`` and each labeled split's plots into ``paths.eval_logs``.
 
+    The model runs in the precision training ran in (``train.mixed_precision``, resolved as the train stage
+    resolves it) with its CPU threads (``train.num_threads``) and batches: so the validation scores here are those
+    of the kept evaluation in metrics/train.json, one model with one validation score. fp32 scores of every served
+    form are the export stage's (metrics/export.json).
+
     Returns:
         ``{split: {"loss", <the task's metrics>, "examples", <the collapse check>}}`` for each labeled split (the
         check: ``finetune.collapse.collapse_check`` against the constant model of train's labels, with a WARNING
         when collapsed); an unlabeled split only gets its predictions file and ``{"examples": n}``.
     """
     p = params.evaluate
-    set_cpu_threads(None)
-    accelerator = make_accelerator()
+    set_cpu_threads(params.train.num_threads)
+    accelerator = make_accelerator(mixed_precision=resolve_mixed_precision(params.train.mixed_precision))
     tokenizer = AutoTokenizer.from_pretrained(paths.trained)
-    model = load_finetuned(paths.trained)
-    both_orders = trained_on_both_orders(model)
-    model = accelerator.prepare(model)  # after reading its config: a prepared model may be wrapped (DDP)
+    model = accelerator.prepare(load_finetuned(paths.trained))
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
     tokenized, raw, task = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw)), Task.load(paths.raw)
     results = {}
@@ -84,10 +89,10 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
         live = open_live(live_tmp) if main else None
         for split in present_splits(p.splits, tokenized):
             labeled = is_labeled(tokenized[split])
-            dataloaders, order = evaluation_loaders(tokenized[split], tokenizer, p, both_orders)
+            dataloader, order = evaluation_loader(tokenized[split], tokenizer, p)
             metric = load_metric(task) if labeled else None
-            metrics, logits = evaluate_split(model, [accelerator.prepare(dl) for dl in dataloaders], accelerator, task,
-                                             metric, desc=split)
+            metrics, logits = evaluate_split(model, accelerator.prepare(dataloader), accelerator, task, metric,
+                                             desc=split)
             if order is not None:  # back to row order
                 logits = logits[np.argsort(order)]
             if main:
@@ -107,8 +112,9 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
 
 
 def main() -> None:
-    paths = Paths()
-    results = evaluate_model(load_params(), paths)
+    params, paths = load_params(), Paths()
+    launch_if_distributed("stages.evaluate", params.train.accelerate_config)
+    results = evaluate_model(params, paths)
     if PartialState().is_main_process:
         write_json(paths.metrics / "eval.json", results)
 

@@ -50,11 +50,11 @@ def export_model(params: Params, paths: Paths) -> dict:
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from finetune.batches import evaluation_loaders
+    from finetune.batches import evaluation_loader
     from finetune.evaluation import evaluate_split, load_metric
     from finetune.export import file_size_mb, make_forms
     from finetune.forms import PYTORCH, load_form
-    from finetune.modeling import load_finetuned, trained_on_both_orders
+    from finetune.modeling import load_finetuned
     from finetune.runtime import make_accelerator, set_cpu_threads
     from finetune.splits import is_labeled, present_splits
     from finetune.tasks import Task
@@ -65,10 +65,9 @@ def export_model(params: Params, paths: Paths) -> dict:
     task, tokenized = Task.load(paths.finetuned), load_from_disk(str(paths.tokenized))
     tokenizer = AutoTokenizer.from_pretrained(paths.finetuned)
     model = load_finetuned(paths.finetuned).eval()
-    both_orders = trained_on_both_orders(model)
     main_metric, mode = task.metric_for_best(None)
     splits = [s for s in present_splits(params.evaluate.splits, tokenized) if is_labeled(tokenized[s])]
-    loaders = {s: evaluation_loaders(tokenized[s], tokenizer, params.evaluate, both_orders)[0] for s in splits}
+    loaders = {s: evaluation_loader(tokenized[s], tokenizer, params.evaluate)[0] for s in splits}
 
     def score_form(classifier) -> tuple[dict, dict]:
         metrics, logits = {}, {}

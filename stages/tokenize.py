@@ -1,5 +1,4 @@
 """Stage 2, tokenize: the task's text (a sentence, or a pair) to token ids with the checkpoint's tokenizer.
-With ``train.swap_pairs`` (symmetric pair tasks: MRPC, QQP, STS-B), each pair is also stored in the other order.
 
 Writes data/tokenized/ (Arrow, DatasetDict.save_to_disk, plus the task.json of data/raw) and
 metrics/token_lengths.json (per split).
@@ -28,15 +27,14 @@ def tokenize_splits(params: Params, paths: Paths) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
     task = Task.load(paths.raw)
     max_length = truncation_length(tokenizer, params.tokenize.max_length)
-    both_orders = task.symmetric and params.train.swap_pairs  # the train stage refuses swap_pairs for other tasks
-    log.info("Tokenizing %s (%s%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
-             ", both orders (train.swap_pairs)" if both_orders else "", type(tokenizer).__name__, max_length)
+    log.info("Tokenizing %s (%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
+             type(tokenizer).__name__, max_length)
     # the rows go to memory-mapped Arrow files in a scratch folder (memory does not grow with them), then are saved;
     # named like atomic_dir's temp folders, so a killed run's scratch is removed by the next run's atomic_dir
     with atomic_dir(paths.tokenized) as tmp, \
             tempfile.TemporaryDirectory(dir=paths.tokenized.parent, prefix=f".{paths.tokenized.name}.scratch-",
                                         suffix=".tmp") as scratch:
-        tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns, both_orders,
+        tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns,
                              cache_dir=Path(scratch), num_proc=params.tokenize.num_proc)
         tokenized.save_to_disk(str(tmp))
         task.save(tmp)

@@ -1,8 +1,8 @@
 """Stage 5, train: fine-tune the pretrained checkpoint on the train split with an explicit loop on Accelerate.
 
-The loop itself is finetune/training.py. Run as ``accelerate launch --config_file <train.accelerate_config> -m
-stages.train`` (dvc.yaml does, after ``python -m finetune.params`` checked params.yaml), or plainly as ``python -m
-stages.train`` for one process. Writes models/trained/ (model + tokenizer, task.json; the card stage copies it to
+The loop itself is finetune/training.py. Run as ``python -m stages.train`` (dvc.yaml): one process, or when
+``train.accelerate_config`` asks for more, the stage hands itself over to ``accelerate launch`` with that config
+(``finetune.runtime.launch_if_distributed``). Writes models/trained/ (model + tokenizer, task.json; the card stage copies it to
 models/finetuned/ with its model card), models/checkpoints/, metrics/train.json and the DVCLive logs
 dvclive/train/steps and dvclive/train/epochs.
 """
@@ -15,15 +15,16 @@ from accelerate import PartialState
 
 from finetune.params import load_params
 from finetune.paths import Paths
-from finetune.runtime import run_stage, write_json
+from finetune.runtime import launch_if_distributed, run_stage, write_json
 from finetune.training import train
 
 log = logging.getLogger(__name__)
 
 
 def main() -> None:
-    paths = Paths()
-    metrics = train(load_params(), paths)
+    params, paths = load_params(), Paths()
+    launch_if_distributed("stages.train", params.train.accelerate_config)
+    metrics = train(params, paths)
     if PartialState().is_main_process:
         log.info("Train metrics: %s", metrics)
         write_json(paths.metrics / "train.json", metrics)

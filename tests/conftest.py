@@ -57,7 +57,7 @@ def tiny_tokenized(tiny_raw, tokenizer, tmp_path_factory):
     from finetune.tokenization import tokenize
 
     folder = tmp_path_factory.mktemp("tokenized")
-    tokenize(tiny_raw, tokenizer, 128, glue_task("mrpc").text_columns, swapped=True).save_to_disk(str(folder))
+    tokenize(tiny_raw, tokenizer, 128, glue_task("mrpc").text_columns).save_to_disk(str(folder))
     glue_task("mrpc").save(folder)
     return folder
 

@@ -24,8 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # What a clone holds that the pipeline needs to run (everything else is generated).
 PROJECT_CODE = ["stages", "finetune", "tools", "configs", "dvc.yaml", ".dvcignore", ".gitignore", ".dvc/config",
-                ".dvc/.gitignore", ".dvc/plots", "data/own/README.md",
-                "data/teachers/README.md", "models/own/README.md"]
+                ".dvc/.gitignore", ".dvc/plots", "data/own/README.md", "models/own/README.md"]
 
 # The tiny settings on top of params.yaml: a few fast steps of a 2-layer model, fp32, last epoch kept. Any key not
 # named here (a new param too) comes from params.yaml.

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.benchmark import check_workspace
+from benchmarks.workspace import check_workspace
 from finetune.tasks import glue_task
 from tests.helpers import make_project, python, run, tiny_params, write_params
 

@@ -80,8 +80,8 @@ def test_tokenize_follows_the_course(tiny_raw, tokenizer):
 
 def test_tokenize_to_memory_mapped_files_in_worker_processes_gives_the_same_rows(tiny_raw, tokenizer, tmp_path):
     # the tokenize stage's way (Arrow files in a scratch folder, datasets' num_proc) against the in-memory one
-    in_memory = tokenize(tiny_raw, tokenizer, 128, ("sentence1", "sentence2"), swapped=True)
-    on_disk = tokenize(tiny_raw, tokenizer, 128, ("sentence1", "sentence2"), swapped=True, cache_dir=tmp_path,
+    in_memory = tokenize(tiny_raw, tokenizer, 128, ("sentence1", "sentence2"))
+    on_disk = tokenize(tiny_raw, tokenizer, 128, ("sentence1", "sentence2"), cache_dir=tmp_path,
                        num_proc=2)
     assert sorted(p.name for p in tmp_path.glob("train*.arrow"))  # written there, memory-mapped
     for split in tiny_raw:

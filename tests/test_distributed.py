@@ -1,5 +1,6 @@
-"""The distributed path on CPU: `accelerate launch` with 2 processes trains, and evaluates to the same metrics as
-one process on the same weights, also when a split does not divide by the global batch."""
+"""The distributed path on CPU: with a 2-process accelerate config the train and evaluate stages hand themselves over
+to `accelerate launch`; 2 processes train, and evaluate to the same metrics as one process on the same weights, also
+when a split does not divide by the global batch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from tests.helpers import REPO, launch, make_project, tiny_params
+from tests.helpers import REPO, launch, make_project, python, run, tiny_params
 
 CPU_2PROC = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
 ONE_PROCESS = REPO / "configs" / "accelerate" / "default.yaml"
@@ -24,7 +25,7 @@ def project(tiny_raw, tiny_checkpoint, tmp_path_factory):
 
 
 def test_two_processes_train_with_a_shared_schedule(project):
-    output = launch("stages.train", CPU_2PROC, project)
+    output = run(python("-m", "stages.train"), project)  # train.accelerate_config: CPU_2PROC
     assert "on 2 process(es)" in output
     metrics = json.loads((project / "metrics" / "train.json").read_text())
     # 40 rows, 10 batches of 4, split over 2 processes: 5 optimizer steps an epoch, taken by both together
@@ -36,7 +37,7 @@ def test_two_processes_train_with_a_shared_schedule(project):
 def test_two_processes_evaluate_like_one(project):
     if not (project / "models" / "trained").is_dir():
         pytest.skip("needs the model of test_two_processes_train_with_a_shared_schedule")
-    launch("stages.evaluate", CPU_2PROC, project)
+    run(python("-m", "stages.evaluate"), project)
     two = json.loads((project / "metrics" / "eval.json").read_text())
     two_predictions = {s: pd.read_csv(project / "data" / "predictions" / f"{s}.csv") for s in ("validation", "test")}
     launch("stages.evaluate", ONE_PROCESS, project)

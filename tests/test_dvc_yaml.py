@@ -19,8 +19,7 @@ DVC_YAML = yaml.safe_load((REPO / "dvc.yaml").read_text())
 def code_deps_drift(dvc_yaml: dict) -> dict[str, dict[str, list[str]]]:
     """Per stage, the code files it runs but does not list (``missing``) and lists but does not run (``extra``).
 
-    The modules a stage runs are the ``-m <module>`` of its cmd (``python -m finetune.params && accelerate launch
-    ... -m stages.train`` runs two).
+    The modules a stage runs are the ``-m <module>`` of its cmd.
     """
     drift = {}
     for name, stage in dvc_yaml["stages"].items():
@@ -78,10 +77,9 @@ def test_an_unknown_module_is_refused():
 
 def test_the_teacher_stage_lists_every_distill_param_its_code_reads():
     # The teacher stage lists its distill params one by one (alpha and temperature must not rerun it). One its code
-    # reads but dvc.yaml does not list leaves a stale data/teacher that the train stage then refuses:
-    # distill.fold_teachers was missed once, and an MRPC run stopped at train.
+    # reads but dvc.yaml does not list leaves a stale data/teacher that the train stage then refuses.
     stage = DVC_YAML["stages"]["teacher"]
     code = "".join((REPO / f).read_text() for m in re.findall(r"-m ([\w.]+)", stage["cmd"]) for f in project_files(m))
     read = set(re.findall(r"params\.distill\.(\w+)", code))
-    assert {"teacher", "transfer", "fold_teachers"} <= read
+    assert {"teacher", "transfer"} <= read
     assert {f"distill.{key}" for key in read} <= set(stage["params"]), read

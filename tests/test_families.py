@@ -16,9 +16,8 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
 from finetune.batches import make_collator
-from finetune.errors import CheckpointError, ParamsError
+from finetune.errors import CheckpointError
 from finetune.modeling import MeanPooledForSequenceClassification, encoder_class, load_classifier
-from finetune.optim import layer_learning_rates
 from finetune.tasks import glue_task
 from finetune.training import train
 from stages.collate_check import check_all
@@ -32,10 +31,6 @@ TOKEN_TYPES = {"bert", "electra", "deberta-v2"}  # the families whose tokenizer 
 HEADS = {"bert": ["classifier"], "roberta": ["classifier.dense", "classifier.out_proj"],
          "distilbert": ["pre_classifier", "classifier"], "electra": ["classifier.dense", "classifier.out_proj"],
          "deberta-v2": ["pooler.dense", "classifier"], "mpnet": ["classifier.dense", "classifier.out_proj"]}
-# weights of the encoder outside its layers that layer-wise decay puts with the embeddings
-SHARED = {"bert": [], "roberta": [], "distilbert": [], "electra": ["embeddings_project.weight"],
-          "deberta-v2": ["encoder.rel_embeddings.weight", "encoder.LayerNorm.weight"],
-          "mpnet": ["encoder.relative_attention_bias.weight"]}
 POOLINGS = ["cls", "mean"]
 
 
@@ -109,38 +104,6 @@ def test_both_heads_start_from_every_encoder_weight(family_checkpoint, family, p
             torch.testing.assert_close(changed, logits)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_layer_lr_decay_finds_the_layers_of_every_family(family_checkpoint, family):
-    for pooling in POOLINGS:
-        model = load_classifier(family_checkpoint(family), MRPC, pooling)  # 2 layers
-        prefix = _encoder_prefix(model)
-        rates = layer_learning_rates(model, 1e-3, 0.5)
-        layer = {0: [], 1: []}
-        for name, rate in rates.items():
-            inner = name.removeprefix(prefix)
-            if ".layer.0." in f".{inner}" or ".layer.1." in f".{inner}":
-                layer[int(inner.split(".layer.")[1][0])].append(rate)
-            elif name.startswith(prefix) and ".pooler." not in f".{inner}":  # embeddings and shared tables
-                assert rate == pytest.approx(1.25e-4), name
-            else:  # the head, a pooler
-                assert rate == 1e-3, name
-        assert len(layer[0]) == len(layer[1]) > 0
-        assert layer[1] == pytest.approx([5e-4] * len(layer[1])) and layer[0] == pytest.approx([2.5e-4] * len(layer[0]))
-        for name in SHARED[family]:
-            assert rates[prefix + name] == pytest.approx(1.25e-4), name
-
-
-def test_layer_lr_decay_names_a_model_whose_layers_it_cannot_find():
-    from transformers import AlbertConfig, AlbertForSequenceClassification
-
-    model = AlbertForSequenceClassification(AlbertConfig(vocab_size=50, embedding_size=16, hidden_size=32,
-                                                         num_hidden_layers=2, num_attention_heads=2,
-                                                         intermediate_size=64))  # one layer shared by all
-    with pytest.raises(ParamsError, match="no encoder layers found in this 'albert' model"):
-        layer_learning_rates(model, 1e-3, 0.8)
-    assert set(layer_learning_rates(model, 1e-3, 1.0).values()) == {1e-3}
-
-
 def test_a_model_type_without_an_encoder_class_is_named():
     from transformers import PreTrainedConfig
 
@@ -155,8 +118,8 @@ def test_a_model_type_without_an_encoder_class_is_named():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_family_trains_evaluates_predicts_and_is_reused(family_checkpoint, small_raw, tmp_path, family, pooling):
     # the pipeline's own tokenize (make_project runs the tokenize stage's tokenize_splits), batch checks, training
-    # loop with layer-wise decay, evaluation and saving
-    params = tiny_params(model={"pooling": pooling}, train={"max_steps": 2, "layer_lr_decay": 0.8})
+    # loop, evaluation and saving
+    params = tiny_params(model={"pooling": pooling}, train={"max_steps": 2})
     paths = make_project(tmp_path / "first", params, small_raw, family_checkpoint(family))
     assert check_all(params, paths)["forward"]["logits_shape"][1] == 2
     assert train(params, paths)["steps"] == 2

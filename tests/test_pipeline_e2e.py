@@ -234,7 +234,7 @@ def test_exp_run_switches_own_files_with_set_param_only(project):
 
 
 def test_bad_param_stops_the_stage_with_one_message(project):
-    # Checked before `accelerate launch` starts a process: the message, no traceback, a failed experiment.
+    # The train stage checks params.yaml first: the message, no traceback, a failed experiment.
     root = project
     out = run(dvc("exp", "run", "-S", "train.lr=-1"), root, ok=False)
     assert "params.yaml: train.lr: Input should be greater than 0 (got -1)" in out

@@ -118,9 +118,9 @@ def outcome(paths, metrics: dict):
     {"save_every_steps": 3, "gradient_accumulation_steps": 2, "batch_size": 4, "group_by_length": True},
 ], ids=["evaluation-step", "save-step-accumulation"])
 def test_a_run_stopped_mid_epoch_resumes_to_the_uninterrupted_result(tiny_project, monkeypatch, settings):
-    # swap_pairs: the collator's random pair orders must continue too; dropout: the RNG states. keep_best false: the
-    # weights compared are the last step's, trained after the resume
-    params = tiny_params(train={"keep_best": False, "swap_pairs": True, "epochs": 3, **settings})
+    # dropout: the RNG states must continue too. keep_best false: the weights compared are the last step's, trained
+    # after the resume
+    params = tiny_params(train={"keep_best": False, "epochs": 3, **settings})
     expected = outcome(*(lambda paths: (paths, train(params, paths)))(tiny_project("whole", params)))
     reset_accelerate()
 

@@ -22,13 +22,12 @@ import numpy as np
 import pandas as pd
 from transformers import AutoTokenizer
 
-from finetune.batches import evaluation_loaders
+from finetune.batches import evaluation_loader
 from finetune.checks import check_text
 from finetune.errors import DataError, PipelineError
 from finetune.evaluation import evaluate_split, with_predictions
 from finetune.loading import load_files
 from finetune.forms import PYTORCH, load_form
-from finetune.modeling import trained_on_both_orders
 from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, set_cpu_threads, setup_logging
 from finetune.tasks import Task
@@ -43,8 +42,7 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     ``probability_<name>`` per class, in the file's order, by the model of ``form``: ``pytorch`` (``model_dir``) or
     a served form in ``exported_dir`` (finetune/forms.py).
 
-    Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order. A model
-    trained with ``train.swap_pairs`` scores both orders of each pair and averages them, as the evaluate stage does.
+    Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order.
 
     Raises:
         CheckpointError: ``model_dir`` lacks config, weights or tokenizer.
@@ -56,7 +54,6 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     model = load_form(form, model_dir, exported_dir)
     model_dir = model_dir if form == PYTORCH else exported_dir / form  # the form's own tokenizer and task.json
     task = Task.load(model_dir)
-    both_orders = trained_on_both_orders(model)
     data = load_files({"input": input_file})["input"]
     if len(data) == 0:
         raise DataError(f"{input_file}: no rows to predict")
@@ -68,15 +65,13 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     check_text(rows, task.text_columns, str(input_file), "input")
     text = data.select_columns(list(task.text_columns)).add_column("idx", list(range(len(data))))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenized = tokenize({"input": text}, tokenizer, max_length or tokenizer.model_max_length, task.text_columns,
-                         both_orders)
+    tokenized = tokenize({"input": text}, tokenizer, max_length or tokenizer.model_max_length, task.text_columns)
     accelerator = make_accelerator()
     if form in (PYTORCH, "torch-bf16"):  # an ONNX Runtime session runs on the CPU as it is
         model = accelerator.prepare(model)
-    loaders, order = evaluation_loaders(tokenized["input"], tokenizer, EvaluateParams(
-        batch_size=batch_size, sort_by_length=True, splits=["test"]), both_orders)
-    _, logits = evaluate_split(model, [accelerator.prepare(dl) for dl in loaders], accelerator, task, None,
-                               desc="predict")
+    loader, order = evaluation_loader(tokenized["input"], tokenizer, EvaluateParams(
+        batch_size=batch_size, sort_by_length=True, splits=["test"]))
+    _, logits = evaluate_split(model, accelerator.prepare(loader), accelerator, task, None, desc="predict")
     return with_predictions(rows, logits[np.argsort(order)], task)
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from finetune.errors import ParamsError
-from finetune.params import PARAMS_FILE, validate_params, yaml_reader
-from finetune.params import read_yaml as read_any_yaml
+from finetune.params import PARAMS_FILE, validate_params
+from finetune.yaml_io import read_yaml as read_any_yaml
+from finetune.yaml_io import yaml_reader
 
 RECIPES = Path("configs/tasks")
 

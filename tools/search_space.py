@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune.errors import ParamsError
-from finetune.params import read_yaml, validate_params
+from finetune.params import validate_params
+from finetune.yaml_io import read_yaml
 
 RANGE_FIELDS = {"low", "high", "log", "step"}
 

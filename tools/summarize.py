@@ -111,7 +111,7 @@ def compare_to(configurations: list[dict], baseline: str, metric: str) -> None:
     """Add to each configuration ``"vs_baseline"``: the difference of its mean ``metric`` from the baseline's (the
     configuration holding an experiment that matches the fnmatch pattern ``baseline``), the standard error of that
     difference, ``sqrt(s_a**2 / n_a + s_b**2 / n_b)`` (sample stds, seeds taken as independent), and whether the
-    difference exceeds it (``wins``): the rule of metrics/sweeps/README.md for replacing a default.
+    difference exceeds it (``wins``): the rule of docs/results.md for replacing a default.
 
     Raises:
         SystemExit: no configuration matches ``baseline``.
