@@ -1,11 +1,8 @@
 """Knowledge distillation, the train stage's side: the loss that mixes the labels with a fine-tuned teacher's logits
 (Hinton, Vinyals & Dean 2015, https://arxiv.org/abs/1503.02531; DistilBERT, https://arxiv.org/abs/1910.01108), and
-those logits (the teacher stage's data/teacher, finetune/teacher.py) riding with each train row. Transfer pairs
-(``distill.transfer``, finetune/transfer.py) join the same shuffled stream, flagged, with the soft loss alone.
-
-data/teacher holds ``teacher.json`` (the teacher's identity, or ``{"distillation": false}``), ``logits.npy``
-``[rows, num_labels]`` float32 in the train split's row order and, with a transfer set, ``transfer.parquet`` and
-``transfer_logits.npy`` ``[pairs, num_labels]``.
+those logits riding with each train row; transfer pairs (``distill.transfer``) join the same shuffled stream, with the
+soft loss alone. data/teacher (finetune/teacher.py) holds ``teacher.json``, ``logits.npy`` ``[rows, num_labels]``
+float32 in train row order and, with a transfer set, ``transfer.parquet`` and ``transfer_logits.npy``.
 """
 
 from __future__ import annotations
@@ -100,8 +97,8 @@ def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> 
     (data/teacher), checked; None when distillation is off (``distill.teacher`` null: ``folder`` is not read).
 
     Raises:
-        TeacherError: naming the file: no teacher.json, or one of another teacher or transfer set (a stale output:
-            rerun the teacher stage), or logits of another shape than ``[rows, num_labels]`` or of other data.
+        TeacherError: naming the file: a stale output (of another teacher, transfer set or data/tokenized), a file
+            missing, or logits of another shape than ``[rows, num_labels]``.
     """
     if p.teacher is None:
         return None
@@ -115,8 +112,12 @@ def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> 
     wanted = p.transfer.model_dump(exclude={"weight"}) if p.transfer.kind is not None else None
     if (recorded and {k: v for k, v in recorded.items() if k != "weight"}) != wanted:
         raise TeacherError(f"{file}: holds the transfer set of {recorded}, not of distill.transfer {wanted} {rerun}")
-    if identity["data"]["fingerprint"] != train._fingerprint:
+    if (identity.get("data") or {}).get("fingerprint") != train._fingerprint:
         raise TeacherError(f"{file}: the logits are of another data/tokenized {rerun}")
+    missing = [name for name in (LOGITS_FILE, *([TRANSFER_FILE, TRANSFER_LOGITS_FILE] if wanted else []))
+               if not (folder / name).is_file()]
+    if missing:
+        raise TeacherError(f"{folder / missing[0]}: not found {rerun}")
     logits = np.load(folder / LOGITS_FILE)
     pairs = pd.read_parquet(folder / TRANSFER_FILE) if wanted else None
     transfer_logits = np.load(folder / TRANSFER_LOGITS_FILE) if wanted else None

@@ -108,8 +108,7 @@ def score_rows(params: Params, folder: Path, task: Task, sets: dict[str, Dataset
     sorted by length with ``evaluate.sort_by_length``), under the precision ``train.mixed_precision`` resolves to.
 
     Returns:
-        ``(logits, run)``: per set float32 ``[rows, num_labels]``; the run's ``max_length``, ``mixed_precision`` and
-        ``device``.
+        ``(logits, run)``: per set float32 ``[rows, num_labels]``; the run's max_length, mixed_precision, device.
     """
     from datasets import DatasetDict
     from transformers import AutoTokenizer

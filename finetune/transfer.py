@@ -129,8 +129,7 @@ def make_transfer_set(p: TransferParams, raw: DatasetDict, task: Task) -> tuple[
                "other splits left out)")
     else:
         pairs = file_pairs(p.files, train, columns, held_out)
-        how = (f"the rows of {', '.join(p.files)} (empty texts, repeats, train pairs and rows with a text of the other "
-               "splits dropped)")
+        how = f"the rows of {', '.join(p.files)} (empty, repeated, train and held-out rows dropped)"
     made = len(pairs)
     if p.max_pairs is not None and made > p.max_pairs:
         keep = np.sort(np.random.default_rng(p.seed).choice(made, size=p.max_pairs, replace=False))
