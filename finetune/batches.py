@@ -17,7 +17,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from finetune.params import EvaluateParams
 from finetune.tokenization import token_lengths
 
-TEACHER_LOGITS = "teacher_logits"  # a train row's column with distillation: the teacher's logits of it (finetune/distill.py)
+TEACHER_LOGITS = "teacher_logits"  # with distillation, a train row's teacher logits (finetune/distill.py)
 
 
 class PairCollator:

@@ -28,7 +28,7 @@ from ruamel.yaml import YAMLError
 from finetune.collapse import describe_constant
 from finetune.errors import PipelineError
 from finetune.params import DataParams, Params
-from finetune.yaml_io import yaml_reader
+from finetune.runtime import yaml_reader
 from finetune.paths import EVALUATION_LOGS, Paths
 from finetune.runtime import atomic_dir
 from finetune.checkpoint import check_checkpoint

@@ -1,5 +1,5 @@
-"""Making the served forms of a fine-tuned model (the export stage; docs/serving.md): ONNX fp32, ONNX int8 and
-bf16 PyTorch. Running them is finetune/forms.py.
+"""Making the served forms of a fine-tuned model (the export stage; docs/serving.md): ONNX fp32, ONNX int8, bf16
+PyTorch, and the OpenVINO forms of finetune/openvino_forms.py. Running them is finetune/forms.py.
 
 - ``onnx-fp32``: ``torch.onnx.export`` with the dynamo exporter (``torch.export`` then onnxscript), batch and
   sequence length dynamic, weights inside the one ``model.onnx``. Optimum's exporter would be the ecosystem's first
@@ -24,16 +24,21 @@ import logging
 import shutil
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+if TYPE_CHECKING:
+    from datasets import Dataset
+
 from finetune.errors import ExportError
 from finetune.hardware import cpu_bf16_flags
+from finetune.openvino_forms import OPENVINO_FORMS, calibration_rows, openvino_missing, quantize_openvino, save_openvino
 
 log = logging.getLogger(__name__)
 
-FORMS = ("onnx-fp32", "onnx-int8", "torch-bf16")
+FORMS = ("onnx-fp32", "onnx-int8", "torch-bf16", *OPENVINO_FORMS)
 ONNX_FILE = "model.onnx"
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # those the tokenizer gives, in this order
 # Files of the model folder that every form carries beside its weights: tokenizer, config (labels) and task.json.
@@ -176,42 +181,54 @@ def save_bf16(model: PreTrainedModel, folder: Path) -> Path:
 
 
 def file_size_mb(folder: Path) -> float:
-    """The weights' size in MB (10^6 bytes): ``model.onnx`` or the safetensors files of ``folder``."""
-    files = [folder / ONNX_FILE] if (folder / ONNX_FILE).exists() else list(folder.glob("*.safetensors"))
+    """The weights' size in MB (10^6 bytes): ``model.onnx``, the OpenVINO ``.bin`` or the safetensors files of
+    ``folder``."""
+    files = [folder / ONNX_FILE] if (folder / ONNX_FILE).exists() else \
+        list(folder.glob("*.bin")) + list(folder.glob("*.safetensors"))
     return round(sum(f.stat().st_size for f in files) / 1e6, 2)
 
 
-def make_forms(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_dir: Path, out_dir: Path,
-               forms: list[str], opset: int, per_channel: bool, keep_fp32: list[str]) -> dict[str, dict]:
-    """Make each of ``forms`` (``export`` params) of ``model`` (saved in ``model_dir``) in ``out_dir / <form>``, with
-    ``model_dir``'s side files. int8 is quantized from the fp32 ONNX file, kept only when ``onnx-fp32`` is asked for.
+def make_forms(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_dir: Path, out_dir: Path, p,
+               train: Dataset | None = None) -> dict[str, dict]:
+    """Make each form of ``p.forms`` (the ``export`` params) of ``model`` (saved in ``model_dir``) in
+    ``out_dir / <form>``, with ``model_dir``'s side files. ONNX int8 and the OpenVINO forms start from the fp32 ONNX
+    file, kept only when ``onnx-fp32`` is asked for; OpenVINO int8 is calibrated on rows of ``train`` (the tokenized
+    train split).
 
     Returns:
-        Per form ``{"skipped": why}`` (bf16 without the hardware), ``{"kept_fp32_matmuls": n}`` (int8) or ``{}``.
+        Per form ``{"skipped": why}`` (bf16 without the hardware, OpenVINO not installed), ``{"kept_fp32_matmuls":
+        n}`` (ONNX int8), the calibration (OpenVINO int8) or ``{}``.
 
     Raises:
-        ExportError: the exporter can't handle the model (``export_onnx``).
+        ExportError: the exporter or the quantizer can't handle the model (``export_onnx``, ``quantize_openvino``).
     """
-    made = {}
+    made, missing = {}, openvino_missing() if any(f in OPENVINO_FORMS for f in p.forms) else None
     fp32_onnx = out_dir / "onnx-fp32" / ONNX_FILE
-    if any(form.startswith("onnx") for form in forms):
+    if any(form.startswith("onnx") or (form in OPENVINO_FORMS and not missing) for form in p.forms):
         log.info("onnx-fp32: exporting with torch.onnx.export (dynamo)")
         copy_side_files(model_dir, fp32_onnx.parent)
-        export_onnx(model, tokenizer, fp32_onnx, opset)
-    for form in forms:
-        if form == "torch-bf16" and (why := bf16_unsupported()):
-            log.info("%s: skipped: %s", form, why)
+        export_onnx(model, tokenizer, fp32_onnx, p.opset)
+    for form in p.forms:
+        why = (bf16_unsupported() if form.endswith("bf16") else None) or (missing if form in OPENVINO_FORMS else None)
+        if why:
+            (log.warning if why == missing else log.info)("%s: skipped: %s", form, why)
             made[form] = {"skipped": why}
             continue
         copy_side_files(model_dir, out_dir / form)
         made[form] = {}
         if form == "onnx-int8":
             log.info("%s: quantizing with onnxruntime.quantization.quantize_dynamic", form)
-            kept = quantize_int8(fp32_onnx, out_dir / form / ONNX_FILE, per_channel, keep_fp32)
+            kept = quantize_int8(fp32_onnx, out_dir / form / ONNX_FILE, p.int8.per_channel, p.int8.keep_fp32)
             log.info("%s: %d matmuls kept fp32 (export.int8.keep_fp32): %s", form, len(kept), kept)
             made[form]["kept_fp32_matmuls"] = len(kept)
         elif form == "torch-bf16":
             save_bf16(model, out_dir / form)
-    if "onnx-fp32" not in forms:
+        elif form == "openvino-int8":
+            samples = calibration_rows(train, p.openvino.calibration_rows, p.openvino.seed, model_inputs(tokenizer))
+            log.info("%s: quantizing with nncf.quantize, calibrated on %d train rows", form, len(samples))
+            made[form] = quantize_openvino(fp32_onnx, out_dir / form, samples, p.openvino.seed)
+        elif form in OPENVINO_FORMS:
+            save_openvino(fp32_onnx, out_dir / form, "bf16" if form == "openvino-bf16" else "f32")
+    if "onnx-fp32" not in p.forms:
         shutil.rmtree(fp32_onnx.parent, ignore_errors=True)
     return made

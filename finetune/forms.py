@@ -8,10 +8,15 @@ Each form folder loads on its own, with the tokenizer beside it:
     logits = session.run(None, dict(tokenizer(["A pair"], ["of sentences"], return_tensors="np")))[0]
 
     model = AutoModelForSequenceClassification.from_pretrained("models/exported/torch-bf16")  # bf16 weights
+
+    compiled = openvino.compile_model("models/exported/openvino-int8/openvino_model.xml", "CPU",
+                                      {"INFERENCE_PRECISION_HINT": "f32"})  # the hint in the folder's openvino.json
+    logits = compiled(dict(tokenizer(["A pair"], ["of sentences"], return_tensors="np")))[0]
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +27,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from finetune.errors import ExportError
 from finetune.export import FORMS, ONNX_FILE
 from finetune.modeling import load_finetuned
+from finetune.openvino_forms import OPENVINO_FORMS, OV_CONFIG, OV_FILE, SERVE_EXTRA
 
 PYTORCH = "pytorch"  # the fine-tuned model as trained: models/finetuned, fp32
 
@@ -57,7 +63,37 @@ class OnnxClassifier(torch.nn.Module):
         return SequenceClassifierOutput(logits=torch.from_numpy(self.session.run(["logits"], feed)[0]))
 
 
-def load_form(form: str, model_dir: Path, exported_dir: Path) -> PreTrainedModel | OnnxClassifier:
+class OpenVinoClassifier(torch.nn.Module):
+    """An OpenVINO IR form in ``folder`` (finetune/openvino_forms.py) compiled for the CPU with the precision hint
+    of its ``openvino.json``, as a classifier: ``forward(**batch)`` takes the tokenizer's tensors ``[batch, seq_len]``
+    and returns ``SequenceClassifierOutput(logits [batch, num_labels])`` (float32); ``config`` is its config.json.
+
+    Raises:
+        ExportError: OpenVINO is not installed, or the folder has no openvino_model.xml.
+    """
+
+    def __init__(self, folder: Path, num_threads: int | None = None):
+        super().__init__()
+        try:
+            import openvino as ov
+        except ImportError:
+            raise ExportError(f"OpenVINO is not installed: {SERVE_EXTRA}") from None
+        if not (folder / OV_FILE).is_file():
+            raise ExportError(f"{folder / OV_FILE}: not found; run the export stage (dvc repro export) with this "
+                              "form in export.forms")
+        hint = json.loads((folder / OV_CONFIG).read_text())["inference_precision"]
+        self.compiled = ov.Core().compile_model(str(folder / OV_FILE), "CPU", {
+            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": num_threads or torch.get_num_threads()})
+        self.input_names = [i.get_any_name() for i in self.compiled.inputs]
+        self.config = AutoConfig.from_pretrained(folder)
+
+    def forward(self, **batch: torch.Tensor) -> SequenceClassifierOutput:
+        feed = {name: np.asarray(batch[name], dtype=np.int64) for name in self.input_names}
+        return SequenceClassifierOutput(logits=torch.from_numpy(np.array(self.compiled(feed)[0], dtype=np.float32)))
+
+
+def load_form(form: str, model_dir: Path,
+              exported_dir: Path) -> PreTrainedModel | OnnxClassifier | OpenVinoClassifier:
     """The classifier of ``form``: ``pytorch`` (``model_dir``, fp32), or one of ``finetune.export.FORMS`` from
     ``exported_dir / form``.
 
@@ -75,4 +111,4 @@ def load_form(form: str, model_dir: Path, exported_dir: Path) -> PreTrainedModel
                           "(torch-bf16 is skipped where the hardware has no bf16: metrics/export.json says why)")
     if form == "torch-bf16":
         return load_finetuned(folder).to(torch.bfloat16)
-    return OnnxClassifier(folder)
+    return OpenVinoClassifier(folder) if form in OPENVINO_FORMS else OnnxClassifier(folder)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from finetune.errors import ParamsError
 from finetune.paths import OWN_DATA, inside, own_model_folder
-from finetune.yaml_io import read_yaml
+from finetune.runtime import read_yaml
 from finetune.tasks import GLUE_DATASETS, GLUE_TASKS
 
 PARAMS_FILE = Path("params.yaml")
@@ -210,12 +210,19 @@ class Int8Params(_Section):
     keep_fp32: list[Annotated[str, Field(min_length=1)]]  # modules kept fp32: a name or the end of a dotted path
 
 
+class OpenVinoParams(_Section):
+    calibration_rows: PositiveInt  # openvino-int8: NNCF calibrates on this many train rows (never validation or test)
+    seed: NonNegativeInt  # which train rows
+
+
 class ExportParams(_Section):
     """The served forms of the fine-tuned model (finetune/export.py, docs/serving.md)."""
 
-    forms: list[Literal["onnx-fp32", "onnx-int8", "torch-bf16"]]  # [] makes none
+    forms: list[Literal["onnx-fp32", "onnx-int8", "torch-bf16", "openvino-fp32", "openvino-bf16",
+                        "openvino-int8"]]  # [] makes none
     opset: int = Field(strict=True, ge=17)  # ONNX opset of torch.onnx.export
     int8: Int8Params
+    openvino: OpenVinoParams
     fp32_tolerance: float = Field(gt=0)  # largest |logit - PyTorch's logit| of an fp32 form: beyond, the stage fails
     max_metric_drop: float = Field(ge=0)  # a lossy form (int8, bf16) losing more of the main metric: a WARNING
 

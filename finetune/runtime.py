@@ -1,5 +1,6 @@
-"""How a stage runs: logging, signals and expected errors; the Accelerator and CPU threads; outputs written
-atomically. What the hardware decides (precision, the CPU's instructions) is in finetune/hardware.py."""
+"""How a stage runs: logging, signals and expected errors; `accelerate launch` for a multi-process config; the
+Accelerator and CPU threads; outputs written atomically; files hashed; YAML read as DVC reads it. What the hardware
+decides (precision, the CPU's instructions) is in finetune/hardware.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from finetune.errors import PipelineError
+from ruamel.yaml import YAML, YAMLError
+
+from finetune.errors import ParamsError, PipelineError
 
 
 def run_stage(main: Callable[[], Any]) -> None:
@@ -115,6 +118,25 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def yaml_reader() -> YAML:
+    """A YAML 1.2 reader (and writer), as DVC reads and writes params.yaml: `dvc exp run -S` writes ``no`` and
+    ``3e-5`` unquoted, which PyYAML's YAML 1.1 would read as False and as a string. ``load`` raises ruamel's
+    ``YAMLError`` on text that is not YAML."""
+    return YAML(typ="safe", pure=True)
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """``text`` read with ``yaml_reader``.
+
+    Raises:
+        ParamsError: ``text`` is not YAML; the message names ``source``.
+    """
+    try:
+        return yaml_reader().load(text)
+    except YAMLError as err:
+        raise ParamsError(f"{source}: not valid YAML: {err}") from None
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -64,7 +64,7 @@ class Task:
     metric_config: str
     metrics: tuple[str, ...]  # what the metric returns, the first being the default for train.metric_for_best
     positive_label: int = 1
-    symmetric: bool = False  # a pair task whose label does not depend on the order of the two texts (distill.transfer: neighbours)
+    symmetric: bool = False  # a pair task whose label ignores the texts' order (distill.transfer: neighbours)
 
     @property
     def is_regression(self) -> bool:

@@ -28,8 +28,8 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
 
     Returns:
         A DatasetDict with columns ``input_ids``, ``token_type_ids`` (where the tokenizer gives them: BERT,
-        ELECTRA, DeBERTa-v2; not RoBERTa, DistilBERT, MPNet), ``attention_mask`` and, in labeled splits, ``labels``; the text columns and idx are dropped (row order is kept, so
-        row i is raw row i).
+        ELECTRA, DeBERTa-v2; not RoBERTa, DistilBERT, MPNet), ``attention_mask`` and, in labeled splits,
+        ``labels``; the text columns and idx are dropped (row order is kept, so row i is raw row i).
     """
 
     def encode(batch):

@@ -20,7 +20,8 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
     ``final_loss`` (mean train loss since the second-to-last evaluation: over the last epoch by default),
     ``mean_loss`` (over all steps), ``steps`` (optimizer steps), ``epochs`` (epochs run, the last maybe in part),
     ``evaluations`` (validations run), ``best_epoch``, ``best_step`` and ``best_validation_<metric>`` (the kept
-    evaluation ``kept``, by ``metric_for_best``), ``stopped_early``, ``pruned`` (a search's pruner stopped the run: ``finetune.trial``), ``resumed_from_step`` (0: a fresh run),
+    evaluation ``kept``, by ``metric_for_best``), ``stopped_early``, ``pruned`` (a search's pruner stopped the run:
+    ``finetune.trial``), ``resumed_from_step`` (0: a fresh run),
     ``train_samples`` (examples seen), ``train_seconds`` (wall seconds of the optimisation steps, validation and
     checkpoints excluded), ``samples_per_second`` (train samples/s), ``wall_seconds`` (the whole call: loading,
     training, validation, saving), ``peak_memory_mb`` (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``),

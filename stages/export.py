@@ -1,7 +1,7 @@
 """Stage 8, export: the fine-tuned model (models/finetuned) in the forms that serve it, each checked against it.
 
 Writes models/exported/<form>/ for each of ``export.forms`` (finetune/export.py: ONNX fp32, ONNX int8, bf16
-PyTorch where the hardware has bf16), each with the tokenizer, config.json, task.json and the model card, and
+PyTorch where the hardware has bf16; finetune/openvino_forms.py: OpenVINO fp32, bf16 and NNCF int8), each with the tokenizer, config.json, task.json and the model card, and
 metrics/export.json:
 
     {"pytorch": {"validation": {<the task's metrics>}, ..., "size_mb"},
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
-LOSSY = ("onnx-int8", "torch-bf16")
+LOSSY = ("onnx-int8", "torch-bf16", "openvino-bf16", "openvino-int8")
 
 
 def export_model(params: Params, paths: Paths) -> dict:
@@ -79,8 +79,7 @@ def export_model(params: Params, paths: Paths) -> dict:
     reference, reference_logits = score_form(model)
     results = {PYTORCH: {**{s: rounded(m) for s, m in reference.items()}, "size_mb": file_size_mb(paths.finetuned)}}
     with atomic_dir(paths.exported) as tmp:
-        made = make_forms(model, tokenizer, paths.finetuned, tmp, p.forms, p.opset, p.int8.per_channel,
-                          p.int8.keep_fp32)
+        made = make_forms(model, tokenizer, paths.finetuned, tmp, p, tokenized["train"])
         for form, extra in made.items():
             if "skipped" in extra:
                 results[form] = extra
@@ -135,8 +134,9 @@ def add_form_to_card(card: Path, form: str, result: dict) -> None:
     warning of a lossy form included)."""
     if not card.exists():
         return
-    load = ("onnxruntime.InferenceSession(\"model.onnx\")" if form.startswith("onnx")
-            else "AutoModelForSequenceClassification.from_pretrained(folder)  # bf16 weights")
+    load = {"onnx": "onnxruntime.InferenceSession(\"model.onnx\")",
+            "openvino": "openvino.compile_model(\"openvino_model.xml\", \"CPU\", <openvino.json's hint>)",
+            "torch": "AutoModelForSequenceClassification.from_pretrained(folder)  # bf16 weights"}[form.split("-")[0]]
     lines = [f"\n## This form: {form}\n", f"Made by the export stage (docs/serving.md); load with `{load}` and the "
              "tokenizer of this folder. Against the PyTorch fp32 model, from metrics/export.json:\n",
              "```json", json.dumps(result, indent=2), "```"]

@@ -2,8 +2,8 @@
 
 The loop itself is finetune/training.py. Run as ``python -m stages.train`` (dvc.yaml): one process, or when
 ``train.accelerate_config`` asks for more, the stage hands itself over to ``accelerate launch`` with that config
-(``finetune.runtime.launch_if_distributed``). Writes models/trained/ (model + tokenizer, task.json; the card stage copies it to
-models/finetuned/ with its model card), models/checkpoints/, metrics/train.json and the DVCLive logs
+(``finetune.runtime.launch_if_distributed``). Writes models/trained/ (model + tokenizer, task.json; the card stage
+copies it to models/finetuned/ with its model card), models/checkpoints/, metrics/train.json and the DVCLive logs
 dvclive/train/steps and dvclive/train/epochs.
 """
 

@@ -16,7 +16,6 @@ from datasets import Dataset, DatasetDict, load_from_disk
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-import finetune.training as training
 from finetune.batches import TEACHER_LOGITS, make_collator
 from finetune.distill import (LOGITS_FILE, TEACHER_FILE, TRANSFER, TRANSFER_FILE, TRANSFER_LOGITS_FILE, Distillation,
                               Teacher, distillation_loss, load_teacher, with_teacher_logits)
@@ -28,7 +27,8 @@ from finetune.tasks import glue_task, own_task
 from finetune.teacher import save_teacher, teacher_logits
 from finetune.training import train
 from finetune.transfer import make_transfer_set, neighbour_pairs
-from tests.helpers import REPO, make_family_checkpoint, make_project, python, reset_accelerate, run, tiny_params
+from tests.helpers import (REPO, interrupt_and_resume, make_family_checkpoint, make_project, python, reset_accelerate, run,
+                           tiny_params)
 
 MRPC = glue_task("mrpc")
 TEACHER = "models/own/teacher"  # distill.teacher of the test projects
@@ -327,20 +327,8 @@ def test_an_interrupted_distilled_run_resumes_to_the_uninterrupted_result_anothe
     paths = clone(scored[1], tmp_path / "whole")
     expected = outcome(paths, train(params, paths))
     reset_accelerate()
-    paths, log_step = clone(scored[1], tmp_path / "stopped"), training.TrainLog.log_step
-
-    def stop_at_step_7(self, step, *args):  # mid-epoch 2, after epoch 1's checkpoint at step 5
-        if step == 7:
-            raise KeyboardInterrupt
-        return log_step(self, step, *args)
-
-    monkeypatch.setattr(training.TrainLog, "log_step", stop_at_step_7)
-    with pytest.raises(KeyboardInterrupt):
-        train(params, paths)
-    assert not paths.trained.exists()
-    monkeypatch.setattr(training.TrainLog, "log_step", log_step)
-    reset_accelerate()
-    metrics = train(params, paths)
+    paths = clone(scored[1], tmp_path / "stopped")
+    metrics = interrupt_and_resume(params, paths, monkeypatch)  # mid-epoch 2, after epoch 1's checkpoint at step 5
     assert metrics["resumed_from_step"] == 5
     weights, metrics, logs = outcome(paths, metrics)
     assert weights.keys() == expected[0].keys() and all(weights[k].equal(expected[0][k]) for k in weights)

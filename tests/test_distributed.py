@@ -9,44 +9,43 @@ import json
 import pandas as pd
 import pytest
 
-from tests.helpers import REPO, launch, make_project, python, run, tiny_params
+from stages.evaluate import evaluate_model
+from tests.helpers import REPO, make_project, python, run, tiny_params
 
 CPU_2PROC = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
-ONE_PROCESS = REPO / "configs" / "accelerate" / "default.yaml"
+# validation has 21 rows, test 19: neither divides by the global batch of 2 processes x 4
+PARAMS = tiny_params(train={"seed": 5, "batch_size": 4, "warmup_steps": 0, "accelerate_config": str(CPU_2PROC),
+                            "num_threads": 1},
+                     evaluate={"batch_size": 4, "sort_by_length": True, "splits": ["validation", "test"]})
 
 
 @pytest.fixture(scope="module")
-def project(tiny_raw, tiny_checkpoint, tmp_path_factory):
-    # validation has 21 rows, test 19: neither divides by the global batch of 2 processes x 4
-    params = tiny_params(train={"seed": 5, "batch_size": 4, "warmup_steps": 0, "accelerate_config": str(CPU_2PROC),
-                                "num_threads": 1},
-                         evaluate={"batch_size": 4, "sort_by_length": True, "splits": ["validation", "test"]})
-    return make_project(tmp_path_factory.mktemp("distributed") / "p", params, tiny_raw, tiny_checkpoint).root
+def paths(tiny_raw, tiny_checkpoint, tmp_path_factory):
+    return make_project(tmp_path_factory.mktemp("distributed") / "p", PARAMS, tiny_raw, tiny_checkpoint)
 
 
-def test_two_processes_train_with_a_shared_schedule(project):
-    output = run(python("-m", "stages.train"), project)  # train.accelerate_config: CPU_2PROC
+def test_two_processes_train_with_a_shared_schedule(paths):
+    output = run(python("-m", "stages.train"), paths.root)  # train.accelerate_config: CPU_2PROC
     assert "on 2 process(es)" in output
-    metrics = json.loads((project / "metrics" / "train.json").read_text())
+    metrics = json.loads((paths.root / "metrics" / "train.json").read_text())
     # 40 rows, 10 batches of 4, split over 2 processes: 5 optimizer steps an epoch, taken by both together
     assert (metrics["steps"], metrics["epochs"]) == (10, 2)
     assert metrics["train_samples"] == 2 * 10 * 4
-    assert (project / "models" / "trained" / "model.safetensors").is_file()
+    assert (paths.trained / "model.safetensors").is_file()
 
 
-def test_two_processes_evaluate_like_one(project):
-    if not (project / "models" / "trained").is_dir():
+def test_two_processes_evaluate_like_one(paths):
+    if not paths.trained.is_dir():
         pytest.skip("needs the model of test_two_processes_train_with_a_shared_schedule")
-    run(python("-m", "stages.evaluate"), project)
-    two = json.loads((project / "metrics" / "eval.json").read_text())
-    two_predictions = {s: pd.read_csv(project / "data" / "predictions" / f"{s}.csv") for s in ("validation", "test")}
-    launch("stages.evaluate", ONE_PROCESS, project)
-    one = json.loads((project / "metrics" / "eval.json").read_text())
+    run(python("-m", "stages.evaluate"), paths.root)  # 2 processes
+    two = json.loads((paths.root / "metrics" / "eval.json").read_text())
+    two_predictions = {s: pd.read_csv(paths.predictions / f"{s}.csv") for s in ("validation", "test")}
+    one = evaluate_model(PARAMS, paths)  # one process: this one
 
     for split, examples in (("validation", 21), ("test", 19)):
         assert two[split]["examples"] == one[split]["examples"] == examples  # each row counted once
         assert (two[split]["accuracy"], two[split]["f1"]) == (one[split]["accuracy"], one[split]["f1"])
         assert two[split]["loss"] == pytest.approx(one[split]["loss"], abs=1e-4)
-        predictions = pd.read_csv(project / "data" / "predictions" / f"{split}.csv")
+        predictions = pd.read_csv(paths.predictions / f"{split}.csv")
         assert predictions["idx"].tolist() == list(range(examples))
         assert predictions["prediction"].tolist() == two_predictions[split]["prediction"].tolist()

@@ -11,6 +11,7 @@ import sys
 import onnx
 import pytest
 import torch
+from datasets import load_from_disk
 from transformers import AutoTokenizer
 
 from finetune import export
@@ -193,3 +194,74 @@ def test_exporter_failure_names_the_model_type(tiny_checkpoint, tmp_path, monkey
     monkeypatch.setattr(torch.onnx, "export", fails)
     with pytest.raises(ExportError, match=r"can't export model type 'bert': RuntimeError: unsupported operator"):
         export_onnx(model, AutoTokenizer.from_pretrained(tiny_checkpoint), tmp_path / "m.onnx", 18)
+
+
+OPENVINO = ["openvino-fp32", "openvino-bf16", "openvino-int8"]
+
+
+def test_openvino_forms_agree_with_pytorch_and_calibrate_on_train_rows_only(finetuned, tmp_path, monkeypatch):
+    import nncf
+
+    from finetune import openvino_forms
+    from tools.predict import predict
+
+    params, paths = finetuned
+    settings = params.export.model_copy(update={"forms": OPENVINO,
+                                                "openvino": params.export.openvino.model_copy(
+                                                    update={"calibration_rows": 25})})
+    monkeypatch.setattr(export, "bf16_unsupported", lambda: None)  # make the bf16 form on any CPU
+    calibrated, quantize = [], nncf.quantize
+
+    def recording(model, dataset, **kwargs):
+        calibrated.extend(dataset.get_inference_data())
+        return quantize(model, dataset, **kwargs)
+
+    monkeypatch.setattr(nncf, "quantize", recording)
+    results = export_stage.export_model(params.model_copy(update={"export": settings}), paths)
+
+    assert list(results) == ["pytorch", *OPENVINO]
+    assert not (paths.exported / "onnx-fp32").exists()  # the ONNX file they start from is not a form asked for
+    fp32 = results["openvino-fp32"]["validation"]
+    assert fp32["agreement"] == 1.0 and fp32["max_abs_logit_diff"] < params.export.fp32_tolerance
+    for form in OPENVINO:
+        assert (paths.exported / form / "openvino_model.xml").is_file(), form
+        assert f"## This form: {form}" in (paths.exported / form / "README.md").read_text()
+    assert results["openvino-int8"]["calibration_rows"] == 25 and results["openvino-int8"]["calibration_seed"] == 42
+    # the calibration rows: 25 of the 40 train rows, never a validation or test row
+    tokenized = load_from_disk(str(paths.tokenized))
+    train_rows = {tuple(ids) for ids in tokenized["train"]["input_ids"]}
+    held_out = {tuple(ids) for split in ("validation", "test") for ids in tokenized[split]["input_ids"]} - train_rows
+    seen = [tuple(sample["input_ids"][0]) for sample in calibrated]
+    assert len(seen) == 25 and set(seen) <= train_rows and not set(seen) & held_out
+    # tools.predict --form: the same table as the PyTorch form; openvino-fp32 predicts as PyTorch does
+    rows = tmp_path / "rows.csv"
+    rows.write_text("sentence1,sentence2\n" + "".join(f'"{a}","{b}"\n' for a, b in zip(*PAIRS)))
+    pytorch = predict(rows, paths.finetuned)
+    for form in OPENVINO:
+        served = predict(rows, paths.finetuned, form=form, exported_dir=paths.exported)
+        assert list(served.columns) == list(pytorch.columns), form
+        agreeing = served["prediction"] == pytorch["prediction"]
+        assert agreeing.any(), form
+        if form == "openvino-fp32":
+            assert agreeing.all()
+            assert (served["probability_equivalent"] - pytorch["probability_equivalent"]).abs().max() <= 2e-5
+    assert openvino_forms.openvino_missing() is None
+
+
+def test_missing_openvino_is_named_and_the_other_forms_are_made(finetuned, monkeypatch, caplog):
+    from finetune import openvino_forms
+
+    params, paths = finetuned
+    real = openvino_forms.importlib.util.find_spec
+    monkeypatch.setattr(openvino_forms.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "openvino" else real(name, *a))
+    settings = params.export.model_copy(update={"forms": ["onnx-int8", "openvino-int8"]})
+    results = export_stage.export_model(params.model_copy(update={"export": settings}), paths)
+    why = results["openvino-int8"]["skipped"]
+    assert why == "openvino not installed: pip install -e '.[serve]' (or bash .ci/setup: the lock has it)"
+    assert f"openvino-int8: skipped: {why}" in caplog.text and "Traceback" not in caplog.text
+    assert sorted(p.name for p in paths.exported.iterdir()) == ["onnx-int8"]
+    (paths.exported / "openvino-int8").mkdir()  # a folder, so that loading the form gets to importing OpenVINO
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    with pytest.raises(ExportError, match=r"OpenVINO is not installed: pip install -e '.\[serve\]'"):
+        load_form("openvino-int8", paths.finetuned, paths.exported)

@@ -19,7 +19,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+, the Python the lock is
 LOCK = REPO / "requirements.lock"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]["name"]
-LOCKED_EXTRAS = ("test", "tune")  # the extras the lock covers: pip-compile --extra=test --extra=tune
+LOCKED_EXTRAS = ("test", "tune", "serve")  # the extras the lock covers: pip-compile --extra=test --extra=tune --extra=serve
 
 
 def parse_lock(text: str) -> dict[str, dict]:
@@ -102,6 +102,6 @@ def test_the_header_names_the_command_that_made_it():
     lines = LOCK.read_text().splitlines()
     header = "\n".join(lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))])
     # (pip-compile writes its options here but not --upgrade-package, the torch pin: test_torch_is_the_cpu_wheel)
-    for option in ("pip-compile", "--extra=test", "--extra=tune", "--generate-hashes", "--allow-unsafe",
+    for option in ("pip-compile", "--extra=test", "--extra=tune", "--extra=serve", "--generate-hashes", "--allow-unsafe",
                    "--output-file=requirements.lock", "pyproject.toml"):
         assert option in header, option

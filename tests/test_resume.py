@@ -13,13 +13,17 @@ import pandas as pd
 import pytest
 from safetensors.torch import load_file
 
-from tests.helpers import REPO, make_project, make_raw, python, run, start, tiny_params, write_params
+from finetune.params import with_overrides
+from finetune.paths import Paths
+from finetune.training import train
+from tests.helpers import REPO, make_project, make_raw, python, reset_accelerate, run, start, tiny_params
 
 EPOCHS = 3
 TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_step"}
 # 800 train rows in batches of 8: 100 optimizer steps an epoch, long enough to be killed during epoch 2.
 PARAMS = dict(train={"seed": 3, "epochs": EPOCHS, "num_threads": 1, "warmup_steps": 0, "warmup_ratio": 0.1,
-                     "log_every": 10, "group_by_length": True, "keep_best": True, "scheduler": "cosine"},
+                     "log_every": 10, "group_by_length": True, "keep_best": True, "scheduler": "cosine",
+                     "save_every_steps": 50, "save_total_limit": 2},
               evaluate={"batch_size": 16})
 
 
@@ -55,31 +59,42 @@ def uninterrupted(project_template, tmp_path_factory):
     return outcome(project)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
-def test_killed_run_resumes_to_the_uninterrupted_result(project_template, uninterrupted, tmp_path, signum):
-    project = tmp_path / "p"
-    shutil.copytree(project_template, project)
+def kill_after_checkpoint(project: Path, step: int, signum: int) -> str:
+    """Start the train stage, send ``signum`` 0.2 s after its checkpoint ``step-<step>`` appears; return its output."""
     process = start(python("-m", "stages.train"), project)
     deadline = time.time() + 240
-    while not (project / "models" / "checkpoints" / "step-100").is_dir():  # wait for the end of epoch 1 ...
-        assert process.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+    while not (project / "models" / "checkpoints" / f"step-{step}").is_dir():
+        assert process.poll() is None and time.time() < deadline, f"the run ended before its checkpoint at {step}"
         time.sleep(0.05)
-    time.sleep(0.5)  # ... and kill it during epoch 2
+    time.sleep(0.2)
     process.send_signal(signum)
     output, _ = process.communicate(timeout=60)
     assert process.returncode != 0, "the run finished before it was killed"
+    return output
 
-    # Nothing that looks finished: no model, no metrics; SIGINT/SIGTERM also removed their temp folders.
-    assert not (project / "models" / "trained").exists()
-    assert not (project / "metrics" / "train.json").exists()
-    assert not (project / "dvclive" / "train").exists()
-    if signum != signal.SIGKILL:
-        assert not [p for p in project.rglob(".*.tmp")], output[-2000:]
-    checkpoints = sorted(int(p.name.split("-")[1]) for p in (project / "models" / "checkpoints").glob("step-*"))
-    assert checkpoints and checkpoints[-1] < 100 * EPOCHS
+
+def test_a_run_killed_three_times_resumes_to_the_uninterrupted_result(project_template, uninterrupted, tmp_path):
+    # Ctrl-C in epoch 2, SIGTERM (kill, schedulers, dvc queue kill) in epoch 3 of the resumed run, SIGKILL later in
+    # epoch 3 of the run resumed again; the last resume ends exactly where an uninterrupted run ends.
+    project = tmp_path / "p"
+    shutil.copytree(project_template, project)
+    resumed_from = 0
+    for step, signum in ((100, signal.SIGINT), (200, signal.SIGTERM), (250, signal.SIGKILL)):
+        output = kill_after_checkpoint(project, step, signum)
+        if resumed_from:
+            assert f"Resuming from step {resumed_from}" in output
+        # Nothing that looks finished: no model, no metrics; SIGINT/SIGTERM also removed their temp folders.
+        assert not (project / "models" / "trained").exists()
+        assert not (project / "metrics" / "train.json").exists()
+        assert not (project / "dvclive" / "train").exists()
+        if signum != signal.SIGKILL:
+            assert not [p for p in project.rglob(".*.tmp")], output[-2000:]
+        checkpoints = sorted(int(p.name.split("-")[1]) for p in (project / "models" / "checkpoints").glob("step-*"))
+        assert checkpoints and step <= checkpoints[-1] < 100 * EPOCHS
+        resumed_from = checkpoints[-1]
 
     log = run_train(project)
-    assert f"Resuming from step {checkpoints[-1]}" in log
+    assert f"Resuming from step {resumed_from}" in log
     weights, metrics, logs = outcome(project)
     expected_weights, expected_metrics, expected_logs = uninterrupted
     assert weights.keys() == expected_weights.keys()
@@ -87,20 +102,20 @@ def test_killed_run_resumes_to_the_uninterrupted_result(project_template, uninte
         assert weights[name].equal(tensor), name
     assert metrics == expected_metrics
     assert logs == expected_logs
-    assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_step"] >= 100
+    assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_step"] >= 250
     assert not [p for p in project.rglob(".*.tmp")]  # stale temp folders of a SIGKILLed run are cleaned up
 
 
 def test_changed_params_start_afresh_instead_of_resuming(project_template, tmp_path):
     project = tmp_path / "p"
     shutil.copytree(project_template, project)
-    write_params(project, tiny_params(**{**PARAMS, "train": {**PARAMS["train"], "epochs": 1}}))
-    run_train(project)
+    first = tiny_params(**{**PARAMS, "train": {**PARAMS["train"], "epochs": 1}})
+    train(first, Paths(project))
+    reset_accelerate()
     # another run: its checkpoints must not be continued
-    write_params(project, tiny_params(**{**PARAMS, "train": {**PARAMS["train"], "epochs": 1, "lr": 5e-4}}))
-    log = run_train(project)
-    assert "Resuming" not in log
-    assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_step"] == 0
+    assert list((project / "models" / "checkpoints").glob("step-*"))
+    metrics = train(with_overrides(first, {"train": {"lr": 5e-4}}), Paths(project))
+    assert metrics["resumed_from_step"] == 0
 
 
 def test_changed_code_changes_the_run_fingerprint(tmp_path, monkeypatch):

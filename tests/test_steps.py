@@ -18,7 +18,7 @@ from finetune import training
 from finetune.card import training_table
 from finetune.errors import CheckpointError
 from finetune.training import train
-from tests.helpers import reset_accelerate, tiny_params
+from tests.helpers import interrupt_and_resume, reset_accelerate, tiny_params
 
 TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_step"}
 
@@ -125,20 +125,8 @@ def test_a_run_stopped_mid_epoch_resumes_to_the_uninterrupted_result(tiny_projec
     reset_accelerate()
 
     paths = tiny_project("stopped", params)
-    log_step = training.TrainLog.log_step
-
-    def stop_at_step_7(self, step, *args):  # after the checkpoint at step 4 (evaluation) or 6 (save_every_steps)
-        if step == 7:
-            raise KeyboardInterrupt
-        return log_step(self, step, *args)
-
-    monkeypatch.setattr(training.TrainLog, "log_step", stop_at_step_7)
-    with pytest.raises(KeyboardInterrupt):
-        train(params, paths)
-    assert not paths.trained.exists()
-    monkeypatch.setattr(training.TrainLog, "log_step", log_step)
-    reset_accelerate()
-    metrics = train(params, paths)
+    # stopped at step 7: after the checkpoint at step 4 (evaluation) or 6 (save_every_steps)
+    metrics = interrupt_and_resume(params, paths, monkeypatch)
     assert metrics["resumed_from_step"] == (4 if "eval_every_steps" in settings else 6)
     weights, metrics, logs = outcome(paths, metrics)
     assert weights.keys() == expected[0].keys()

@@ -309,6 +309,7 @@ def finetuned_mrpc(tiny_raw, tiny_checkpoint, tmp_path_factory):
 
 def test_predict_command_writes_the_csv(finetuned_mrpc, tmp_path):
     from tests.helpers import python, run
+    from tools.predict import main as predict_main
 
     rows = pd.DataFrame({"sentence1": ["The court rejected the appeal.", "Police arrested two men."],
                          "sentence2": ["The appeal was rejected.", "The team won the final."]})
@@ -319,6 +320,6 @@ def test_predict_command_writes_the_csv(finetuned_mrpc, tmp_path):
     assert list(scored.columns) == ["sentence1", "sentence2", "prediction", "probability_not_equivalent",
                                     "probability_equivalent"]
     assert "Wrote 2 predictions" in out
-    failed = run(python("-m", "tools.predict", str(tmp_path / "missing.csv"), "--model", str(finetuned_mrpc)), tmp_path,
-                 ok=False)
-    assert "missing.csv: split 'input': file not found" in failed and "Traceback" not in failed
+    with pytest.raises(SystemExit) as exited:  # the command's error path, in this process: one line, no traceback
+        predict_main([str(tmp_path / "missing.csv"), "--model", str(finetuned_mrpc)])
+    assert str(exited.value).startswith("ERROR: ") and "missing.csv: split 'input': file not found" in str(exited.value)

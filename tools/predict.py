@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("input", type=Path, help="CSV, TSV, JSON Lines, JSON or Parquet file of new examples")
     parser.add_argument("--model", type=Path, default=Path("models/finetuned"), help="fine-tuned model folder")
     parser.add_argument("--form", default=PYTORCH, help="pytorch (the model folder, fp32) or a form the export "
-                        "stage made: onnx-fp32, onnx-int8, torch-bf16 (docs/serving.md)")
+                        "stage made: onnx-fp32, onnx-int8, torch-bf16, openvino-fp32, openvino-bf16, "
+                        "openvino-int8 (docs/serving.md)")
     parser.add_argument("--exported", type=Path, default=Path("models/exported"), help="the export stage's folder")
     parser.add_argument("--out", type=Path, default=Path("predictions.csv"), help="CSV to write")
     parser.add_argument("--batch-size", type=int, default=64)

@@ -26,8 +26,8 @@ from typing import Any
 
 from finetune.errors import ParamsError
 from finetune.params import PARAMS_FILE, validate_params
-from finetune.yaml_io import read_yaml as read_any_yaml
-from finetune.yaml_io import yaml_reader
+from finetune.runtime import read_yaml as read_any_yaml
+from finetune.runtime import yaml_reader
 
 RECIPES = Path("configs/tasks")
 

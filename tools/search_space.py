@@ -25,7 +25,7 @@ from typing import Any
 
 from finetune.errors import ParamsError
 from finetune.params import validate_params
-from finetune.yaml_io import read_yaml
+from finetune.runtime import read_yaml
 
 RANGE_FIELDS = {"low", "high", "log", "step"}
 

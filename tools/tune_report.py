@@ -15,7 +15,7 @@ import optuna
 
 from finetune.runtime import write_json
 from finetune.tables import markdown_table
-from finetune.yaml_io import read_yaml, yaml_reader
+from finetune.runtime import read_yaml, yaml_reader
 from tools.search_space import SearchSpace, nested
 
 log = logging.getLogger(__name__)
