@@ -303,6 +303,28 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, ok: bool = True, tim
     return output
 
 
+STAGES_AT_ONCE = """import sys
+from importlib import import_module
+
+from accelerate.state import AcceleratorState
+
+from finetune.runtime import run_stage
+
+for name in sys.argv[1:]:
+    run_stage(import_module("stages." + name.replace("-", "_")).main)
+    AcceleratorState._reset_state(reset_partial_state=True)
+"""
+
+
+def run_stages_at_once(root: Path, stages: list[str]) -> str:
+    """The pipeline's ``stages`` (dvc.yaml names, in its order) run in ``root`` by their own ``main`` in ONE Python
+    process, then recorded by `dvc commit` (dvc.lock, the cache, the run-cache, the outputs' .gitignore) as if
+    `dvc repro` had run them: a test's baseline for a few seconds of work instead of one torch import per stage
+    (about 5 s each). For set-ups only: tests/test_pipeline_e2e.py runs the real `dvc repro`. Returns the output."""
+    out = run(python("-c", STAGES_AT_ONCE, *stages), root)
+    return out + run(dvc("commit", "--force", *stages), root)
+
+
 def launch(module: str, config: Path, cwd: Path, timeout: float = 300) -> str:
     """``accelerate launch --config_file config -m module`` in ``cwd`` to its end; returns its output."""
     return run(python("-m", "accelerate.commands.launch", "--config_file", str(config), "-m", module), cwd,
@@ -328,6 +350,30 @@ def exp_show(root: Path) -> dict[str, dict]:
             if entry["data"] and entry["data"].get("metrics"):
                 runs[entry.get("name") or entry["rev"]] = entry["data"]
     return runs
+
+
+def interrupt_and_resume(params: Params, paths: Paths, monkeypatch, step: int = 7) -> dict:
+    """Train in this process, interrupted (KeyboardInterrupt) when optimizer step ``step`` is logged, check that
+    nothing looks finished, then train again (a resume); returns the second run's metrics."""
+    from finetune import training
+
+    log_step = training.TrainLog.log_step
+
+    def stop(self, at, *args):
+        if at == step:
+            raise KeyboardInterrupt
+        return log_step(self, at, *args)
+
+    monkeypatch.setattr(training.TrainLog, "log_step", stop)
+    try:
+        training.train(params, paths)
+        raise AssertionError(f"the run ended before step {step}")
+    except KeyboardInterrupt:
+        pass
+    assert not paths.trained.exists()
+    monkeypatch.setattr(training.TrainLog, "log_step", log_step)
+    reset_accelerate()
+    return training.train(params, paths)
 
 
 def reset_accelerate() -> None:

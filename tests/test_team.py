@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tests.helpers import REPO, dvc, exp_show, make_project, project_env, python, run, tiny_params
+from tests.helpers import REPO, dvc, exp_show, make_project, project_env, python, run, run_stages_at_once, tiny_params
 
 pytestmark = pytest.mark.e2e
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -44,17 +44,23 @@ def clone(team, name: str) -> Path:
 @pytest.fixture(scope="module")
 def team(tmp_path_factory, hub_layout_dataset, tiny_checkpoint):
     """A bare git ``origin`` and a folder DVC remote holding the project with tiny params: its pipeline run once,
-    dvc.lock and metrics committed, every artifact and the run-cache pushed."""
+    dvc.lock and metrics committed, every artifact and the run-cache pushed. The stages up to evaluate run in one
+    process and are committed (``run_stages_at_once``: one torch import, not five), then `dvc repro` runs the card
+    and export stages; tests/test_pipeline_e2e.py covers a whole `dvc repro`. Validation only, as the sweep
+    workflow evaluates: a sweep worker whose seed is the baseline's reruns no collate check."""
     root = tmp_path_factory.mktemp("team")
     params = tiny_params(data={"dataset": str(hub_layout_dataset), "local_copy": None},
                          model={"checkpoint": str(tiny_checkpoint)},
                          train={"max_steps": 3, "epochs": 1, "accelerate_config": "configs/accelerate/default.yaml"},
-                         evaluate={"splits": ["validation", "test"]})
+                         evaluate={"splits": ["validation"]})
     first = make_project(root / "first", params, code=True).root
     origin, storage = root / "origin.git", root / "dvc-storage"
     for cmd in (["git", "init", "-q", "-b", "main"], dvc("remote", "add", "-d", "storage", str(storage)),
-                ["git", "add", "-A"], ["git", "commit", "-qm", "project"], dvc("repro"),
-                ["git", "add", "-A"], ["git", "commit", "-qm", "baseline run"], dvc("push", "--run-cache"),
+                ["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
+        run(cmd, first)
+    run_stages_at_once(first, ["download", "tokenize", "collate-check", "teacher", "train", "evaluate"])
+    assert "Stage 'train' didn't change" in run(dvc("repro"), first)
+    for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "baseline run"], dvc("push", "--run-cache"),
                 ["git", "init", "-q", "--bare", "-b", "main", str(origin)], ["git", "remote", "add", "origin", str(origin)],
                 ["git", "push", "-q", "origin", "main"]):
         run(cmd, first)
@@ -85,24 +91,27 @@ def test_a_sweep_over_two_workers_is_summarised_by_a_collector(team, tmp_path):
     # The sweep workflow's steps: each worker runs its seed and pushes its experiment, the collector pulls them all.
     worker_step = workflow_steps("sweep.yml", "run")["Run this worker's experiment and push it"]
     collect_step = workflow_steps("sweep.yml", "summarize")["Pull every worker's experiment and summarise"]
+    # Seeds 7 (the baseline's, as the workflow's matrix begins with params.yaml's 42) and 1: both train (SET changes
+    # train.lr); only seed 1 reruns the collate check (train.seed is one of its params). The rest came from the remote.
     sweep = {"NAME": "tiny", "SET": "train.lr=5e-4"}
-    for seed in ("1", "2"):
+    for seed in ("7", "1"):
         worker = clone(team, f"worker-{seed}")
         out = play(worker_step, worker, SEED=seed, **sweep)
-        assert "Running stage 'train'" in out and "Running stage 'download'" not in out  # the rest came from the remote
+        assert "Running stage 'train'" in out and "Running stage 'download'" not in out
+        assert ("Running stage 'collate-check'" in out) == (seed != "7"), out
     collector = clone(team, "collector")
     summary = tmp_path / "step-summary.md"
     play(collect_step, collector, GITHUB_STEP_SUMMARY=str(summary), **sweep)
 
     result = json.loads((collector / "sweep-tiny.json").read_text())
     [configuration] = result["configurations"]
-    assert sorted(configuration["seeds"]) == [1, 2] and configuration["n"] == 2
-    assert {"tiny-s1", "tiny-s2"} == set(result["experiments"])
+    assert sorted(configuration["seeds"]) == [1, 7] and configuration["n"] == 2
+    assert {"tiny-s1", "tiny-s7"} == set(result["experiments"])
     assert "| 2 |" in summary.read_text()  # the table on the run's page: n = 2
     # The pulled experiments are whole: params, metrics and plots data.
     shown = exp_show(collector)
-    assert shown["tiny-s2"]["params"]["params.yaml"]["data"]["train"]["lr"] == 5e-4
-    assert "validation" in shown["tiny-s2"]["metrics"]["metrics/eval.json"]["data"]
+    assert shown["tiny-s7"]["params"]["params.yaml"]["data"]["train"]["lr"] == 5e-4
+    assert "validation" in shown["tiny-s7"]["metrics"]["metrics/eval.json"]["data"]
     # (The sweep evaluated validation only, so DVC warns that the test-split plots are missing.)
     out = run(dvc("plots", "diff", "tiny-s1", "--json"), collector)
     plots = json.loads(out[out.index("{"):])["data"]
@@ -113,25 +122,38 @@ def test_a_sweep_over_two_workers_is_summarised_by_a_collector(team, tmp_path):
     assert (collector / "models/finetuned/model.safetensors").is_file()
 
 
+def wait_for_queue(root: Path, names: list[str], timeout: float = 400) -> str:
+    """`dvc queue status` once no experiment is queued or running. Each call costs about a second of CPU, beside the
+    experiments it waits for: it is asked when every experiment of ``names`` has its git ref (free to read) or
+    every 15 s (one that failed makes none)."""
+    deadline, asked = time.time() + timeout, time.time()
+    while True:
+        refs = run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], root).split()
+        if all(any(ref.endswith(f"/{name}") for ref in refs) for name in names) or time.time() > asked + 15:
+            status, asked = run(dvc("queue", "status"), root), time.time()
+            if "Queued" not in status and "Running" not in status:
+                return status
+            assert time.time() < deadline, status
+        time.sleep(1)
+
+
 def test_the_queue_runs_two_experiments_at_once(team):
     local = clone(team, "queue")
     run(dvc("pull"), local)
-    for seed in (1, 2):
-        run(dvc("exp", "run", "--queue", "-n", f"q-s{seed}", "-S", f"train.seed={seed}", "-S", "train.num_threads=1"),
-            local)
-    run(dvc("queue", "start", "-j", "2"), local)
-    deadline = time.time() + 400
-    while True:
-        status = run(dvc("queue", "status"), local)
-        if "Queued" not in status and "Running" not in status:
-            break
-        assert time.time() < deadline, status
-        time.sleep(3)
+    # train params only: each experiment reruns train, evaluate, card and export, the rest comes from the cache
+    lrs = {"q-1": 2e-3, "q-2": 3e-3}
+    for name, lr in lrs.items():
+        run(dvc("exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}", "-S", "train.num_threads=1"), local)
+    assert "Started '2' new experiments task queue workers" in run(dvc("queue", "start", "-j", "2"), local)
+    status = wait_for_queue(local, list(lrs))
     assert status.count("Success") == 2, status
     runs = exp_show(local)
-    for name in ("q-s1", "q-s2"):
-        assert runs[name]["params"]["params.yaml"]["data"]["train"]["seed"] == int(name[-1])
+    for name, lr in lrs.items():
+        assert runs[name]["params"]["params.yaml"]["data"]["train"]["lr"] == lr
         assert "f1" in runs[name]["metrics"]["metrics/eval.json"]["data"]["validation"]
+        log = run(dvc("queue", "logs", name), local)
+        assert "Running stage 'train'" in log and "Running stage 'download'" not in log, log
+        assert "Running stage 'collate-check'" not in log, log
 
 
 # The pull-request workflow: steps played here, and the ones that are not (the checkout is the clone itself, the

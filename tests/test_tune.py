@@ -24,8 +24,8 @@ from finetune.errors import ParamsError
 from finetune.params import validate_params
 from finetune.trial import open_storage, trial_env
 from finetune.training import train
-from tests.helpers import (FEATURES, dvc, exp_show, make_project, make_split, project_env, python, run, start,
-                           tiny_params, write_hub_folder)
+from tests.helpers import (FEATURES, exp_show, make_project, make_split, project_env, python, run, run_stages_at_once,
+                           start, tiny_params, write_hub_folder)
 from tools.recipe import load_recipe
 from tools.search_space import load_space
 from tools.tune import connect, main as tune_main, settle_study
@@ -165,19 +165,20 @@ def learnable(n: int, seed: int) -> Dataset:
 def project(tmp_path_factory, tiny_checkpoint) -> Path:
     """A committed tiny project whose pipeline ran up to the teacher and collate-check stages (neither depends on
     the other) on the splits a trial evaluates, so a trial runs train and evaluate only: 160 learnable train rows, 4
-    epochs of 20 steps, mean pooling."""
+    epochs of 20 steps, mean pooling, one CPU thread per run (two workers' trials run side by side). The stages run
+    in one process and are committed (``run_stages_at_once``): a trial's `dvc exp run` must find them unchanged."""
     splits = {"train": learnable(160, 0), "validation": learnable(21, 1), "test": learnable(19, 2)}
     glue = write_hub_folder(tmp_path_factory.mktemp("hub") / "glue", splits)
     params = tiny_params(data={"dataset": str(glue), "local_copy": None},
                          model={"checkpoint": str(tiny_checkpoint), "pooling": "mean"},
-                         train={"epochs": 4, "accelerate_config": "configs/accelerate/default.yaml"},
+                         train={"epochs": 4, "num_threads": 1, "accelerate_config": "configs/accelerate/default.yaml"},
                          evaluate={"splits": ["validation"]})
     root = make_project(tmp_path_factory.mktemp("tune") / "project", params, code=True).root
     (root / "configs/search").mkdir(parents=True, exist_ok=True)
     (root / "configs/search/tiny.yaml").write_text(SPACE)
     for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "project"]):
         run(cmd, root)
-    run(dvc("repro", "teacher", "collate-check"), root)
+    run_stages_at_once(root, ["download", "tokenize", "collate-check", "teacher"])
     run(["git", "add", "-A"], root)
     run(["git", "commit", "-qm", "repro"], root)
     return root
@@ -194,23 +195,26 @@ def load(root: Path, name: str = "tiny") -> optuna.Study:
 
 @pytest.mark.e2e
 def test_two_workers_share_a_study_whose_trials_are_experiments_and_reported(project):
-    # the 2-process case and the 3-trial study in one: both workers run the same command on the default storage
-    workers = [start(tune("--trials", "3"), project) for _ in range(2)]
+    # the 2-process case and the study in one: both workers run the same command on the default storage. --timeout 1
+    # (start no trial after 1 s) makes it one trial each, 2 in all: without it, a worker that ends its trial before
+    # the other has ended its own sees 1 of 2 finished and starts a third (Optuna's MaxTrialsCallback counts when a
+    # trial ends). The --trials count itself stops the "again" run below and the resumed search of the next test.
+    workers = [start(tune("--trials", "2", "--timeout", "1"), project) for _ in range(2)]
     outputs = [w.communicate(timeout=600)[0] for w in workers]
     assert all(w.returncode == 0 for w in workers), outputs
     study = load(project)
     states = [t.state.name for t in study.trials]
-    # --trials 3: a worker checks the count when its trial ends, so the other may already have started a fourth
-    # (Optuna's MaxTrialsCallback with parallel workers)
-    assert 3 <= len(study.trials) <= 4 and "COMPLETE" in states, outputs
+    assert len(study.trials) == 2 and "COMPLETE" in states, outputs
     assert len({t.user_attrs["worker"] for t in study.trials}) == 2  # both ran trials (host:pid)
     ran = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
     assert len({tuple(sorted(t.params.items())) for t in ran}) == len(ran)  # no configuration ran twice
     shown = exp_show(project)
     for trial in ran:
         # every trial is an experiment: its sampled params are the experiment's, and what the trial recorded is the
-        # experiment's validation f1 (its value, unless a collapse failed it)
+        # experiment's validation f1 (its value, unless a collapse failed it); its train stage reported the
+        # validation f1 of every epoch it ran to the trial (the loop's hook, through $FINETUNE_TRIAL)
         data, seed = shown[f"tiny-{trial.number}"], trial.user_attrs["seed_7"]
+        assert sorted(trial.intermediate_values) == list(range(1, seed["epochs"] + 1)), trial.intermediate_values
         train_params = data["params"]["params.yaml"]["data"]["train"]
         assert train_params["lr"] == pytest.approx(trial.params["train.lr"])
         assert train_params["scheduler"] == trial.params["train.scheduler"] and train_params["warmup_steps"] == 1
@@ -232,7 +236,7 @@ def test_two_workers_share_a_study_whose_trials_are_experiments_and_reported(pro
     base = yaml.safe_load((project / "params.yaml").read_text())
     validate_params({s: {**base[s], **recipe.get(s, {})} for s in base}, "recipe")
     # the same command again: the study is complete, nothing runs, the report is rewritten
-    again = run(tune("--trials", "3"), project)
+    again = run(tune("--trials", "2"), project)
     assert "dvc exp run" not in again and len(load(project).trials) == len(study.trials)
 
 
