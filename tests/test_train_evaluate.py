@@ -166,3 +166,23 @@ def test_an_interrupted_evaluate_leaves_the_previous_predictions(finetuned, monk
         evaluate_model(params, paths)
     assert {f.name: f.read_bytes() for f in paths.predictions.iterdir()} == before
     assert not [p for p in paths.predictions.parent.iterdir() if p.name.startswith(".predictions")]
+
+
+def test_one_model_one_validation_score_under_bf16(tiny_project, monkeypatch):
+    # Issue 41: training validates under train.mixed_precision; the evaluate stage runs in the same precision, so the
+    # kept evaluation's score in train.json is eval.json's (before, evaluate ran in fp32 and the two differed).
+    from stages import evaluate as evaluate_stage
+
+    params = tiny_params(train={"mixed_precision": "bf16", "keep_best": True, "epochs": 2},
+                         evaluate={"sort_by_length": True, "splits": ["validation"]})
+    paths = tiny_project("bf16", params)
+    metrics = train(params, paths)
+    reset_accelerate()
+    assert metrics["mixed_precision"] == "bf16"
+    made, make = [], evaluate_stage.make_accelerator
+    monkeypatch.setattr(evaluate_stage, "make_accelerator", lambda **kw: made.append(kw) or make(**kw))
+    validation = evaluate_model(params, paths)["validation"]
+    assert made == [{"mixed_precision": "bf16"}]  # the precision training ran in
+    assert metrics["best_validation_f1"] == round(validation["f1"], 4)
+    kept = pd.read_csv(paths.train_logs / "epochs" / "plots" / "metrics" / "validation" / "loss.tsv", sep="\t")
+    assert round(kept.loc[kept["step"] == metrics["best_epoch"], "loss"].item(), 4) == validation["loss"]
