@@ -42,13 +42,15 @@ def openvino_missing() -> str | None:
     return f"{' and '.join(missing)} not installed: {SERVE_EXTRA}" if missing else None
 
 
-def save_openvino(onnx_path: Path, folder: Path, precision: str = "f32", **record) -> Path:
-    """``onnx_path`` converted to OpenVINO IR in ``folder`` with its ``openvino.json`` (``precision``: the
-    ``INFERENCE_PRECISION_HINT`` it runs with, f32 or bf16; ``record``: more to write there)."""
+def save_openvino(model, folder: Path, precision: str = "f32", **record) -> Path:
+    """``model`` (an ONNX file's path, converted with ``openvino.convert_model``, or an OpenVINO model) saved as IR in
+    ``folder`` with its ``openvino.json`` (``precision``: the ``INFERENCE_PRECISION_HINT`` it runs with, f32 or bf16;
+    ``record``: more to write there)."""
     import openvino as ov
 
     folder.mkdir(parents=True, exist_ok=True)
-    ov.save_model(ov.convert_model(str(onnx_path)), str(folder / OV_FILE), compress_to_fp16=False)
+    model = ov.convert_model(str(model)) if isinstance(model, Path) else model
+    ov.save_model(model, str(folder / OV_FILE), compress_to_fp16=False)
     (folder / OV_CONFIG).write_text(json.dumps({"inference_precision": precision, **record}, indent=2) + "\n")
     return folder
 
@@ -56,8 +58,9 @@ def save_openvino(onnx_path: Path, folder: Path, precision: str = "f32", **recor
 def calibration_rows(train: Dataset, rows: int, seed: int, inputs: list[str]) -> list[dict[str, np.ndarray]]:
     """``rows`` rows of the tokenized train split ``train`` drawn with ``seed`` (all of them when it has fewer), each
     as the model's ``inputs`` of one example, int64 ``[1, seq_len]``: NNCF's calibration samples."""
-    picked = np.random.default_rng(seed).permutation(len(train))[:rows]
-    return [{name: np.asarray([train[int(i)][name]], dtype=np.int64) for name in inputs} for i in sorted(picked)]
+    picked = np.sort(np.random.default_rng(seed).permutation(len(train))[:rows])
+    return [{name: np.asarray([row[name]], dtype=np.int64) for name in inputs}
+            for row in train.select(picked).select_columns(inputs)]
 
 
 def quantize_openvino(onnx_path: Path, folder: Path, samples: list[dict[str, np.ndarray]], seed: int) -> dict:
@@ -82,7 +85,5 @@ def quantize_openvino(onnx_path: Path, folder: Path, samples: list[dict[str, np.
         raise ExportError(f"export.forms openvino-int8: nncf.quantize failed: {type(err).__name__}: "
                           f"{str(err).splitlines()[0][:300]}; remove openvino-int8 from export.forms") from None
     record = {"calibration_rows": len(samples), "calibration_seed": seed, "nncf": nncf.__version__}
-    folder.mkdir(parents=True, exist_ok=True)
-    ov.save_model(quantized, str(folder / OV_FILE), compress_to_fp16=False)
-    (folder / OV_CONFIG).write_text(json.dumps({"inference_precision": "f32", **record}, indent=2) + "\n")
+    save_openvino(quantized, folder, "f32", **record)
     return record

@@ -50,9 +50,7 @@ def launch_if_distributed(module: str, accelerate_config: str | Path) -> None:
     start that imports torch (about 4.5 s a stage; docs/results.md). The config's fields are accelerate's
     (https://huggingface.co/docs/accelerate/package_reference/cli#accelerate-launch).
     """
-    import yaml
-
-    config = yaml.safe_load(Path(accelerate_config).read_text()) or {}
+    config = yaml_reader().load(Path(accelerate_config).read_text()) or {}
     distributed = str(config.get("distributed_type", "NO")).upper() != "NO" or \
         int(config.get("num_processes") or 1) > 1 or int(config.get("num_machines") or 1) > 1
     if not distributed or os.environ.get(LAUNCHED) or "LOCAL_RANK" in os.environ:  # LOCAL_RANK: started by torchrun
