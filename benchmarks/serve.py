@@ -14,12 +14,14 @@ The machine's matmul ceilings (fp32 and, where the instructions exist, bf16 in t
 ``MatMulInteger``) are probed, and each way's achieved GFLOP/s at batch 32 reported as a fraction of its ceiling.
 
     python -m benchmarks.serve                    # the default model: models/finetuned and models/exported
-    python -m benchmarks.serve --base sentence-transformers/all-mpnet-base-v2   # and the base-size model
+    python -m benchmarks.serve --base models/own/mpnet-mrpc   # and a base-size model fine-tuned on MRPC
+    python -m benchmarks.serve --base sentence-transformers/all-mpnet-base-v2   # or, speed only, not fine-tuned
 
-The base-size model is not fine-tuned here (a 20-minute bf16 run, an hour in fp32): it gets a fresh head, is
-exported with the same ``export`` params in a temp folder, and is timed the same way; its accuracy is not reported
-(only the agreement of each form with its own PyTorch fp32 logits). Needs ``dvc repro`` (through the export stage)
-on MRPC. Writes benchmarks/serve.json and benchmarks/SERVE.md.
+``--base`` is exported with the same ``export`` params in a temp folder and timed the same way. A fine-tuned model
+folder (one with ``task.json``: a run's ``models/finetuned``, kept in models/own; docs/serving.md says how to make
+one) is scored like the default; a pretrained checkpoint gets a fresh head, so only the agreement of each form with
+its own PyTorch fp32 predictions is reported. Needs ``dvc repro`` (through the export stage) on MRPC. Writes
+benchmarks/serve.json and benchmarks/SERVE.md.
 """
 
 from __future__ import annotations
@@ -43,12 +45,12 @@ from benchmarks.machine import machine, matmul_gflops
 from benchmarks.workspace import check_workspace
 from finetune.export import bf16_unsupported, make_forms
 from finetune.forms import PYTORCH, load_form
-from finetune.modeling import load_classifier
+from finetune.modeling import load_classifier, load_finetuned
 from finetune.params import load_params
-from finetune.paths import Paths
+from finetune.paths import Paths, project_path
 from finetune.sources import resolve_checkpoint
 from finetune.tables import markdown_table
-from finetune.tasks import glue_task
+from finetune.tasks import TASK_FILE, Task, glue_task
 
 HERE = Path(__file__).parent
 
@@ -136,17 +138,24 @@ def _seconds(call) -> float:
     return time.perf_counter() - begin
 
 
+def fine_tuned(checkpoint: str) -> bool:
+    """Whether ``checkpoint`` is a fine-tuned model folder (it has the ``task.json`` the train stage saves)."""
+    return (project_path(checkpoint) / TASK_FILE).is_file()
+
+
 def export_base(checkpoint: str, folder: Path) -> Path:
-    """``checkpoint`` with a fresh MRPC head (seed 0) saved to ``folder`` with its tokenizer, and its served forms
-    (``export.forms``) in ``folder / "exported"``, made as the export stage makes them (OpenVINO int8 calibrated on
-    MRPC train rows of data/raw, tokenized with the checkpoint's tokenizer)."""
+    """``checkpoint`` saved to ``folder`` with its tokenizer, and its served forms (``export.forms``) in
+    ``folder / "exported"``, made as the export stage makes them (OpenVINO int8 calibrated on MRPC train rows of
+    data/raw, tokenized with the checkpoint's tokenizer). A fine-tuned folder keeps its head; a pretrained
+    checkpoint gets a fresh MRPC head (seed 0)."""
     from datasets import DatasetDict
 
     from finetune.tokenization import tokenize
 
     torch.manual_seed(0)
-    source, task, p = resolve_checkpoint(checkpoint).path, glue_task("mrpc"), load_params().export
-    model = load_classifier(source, task).eval()
+    source, p = resolve_checkpoint(checkpoint).path, load_params().export
+    task = Task.load(source) if fine_tuned(checkpoint) else glue_task("mrpc")
+    model = (load_finetuned(source) if fine_tuned(checkpoint) else load_classifier(source, task)).eval()
     tokenizer = AutoTokenizer.from_pretrained(source)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -243,8 +252,9 @@ def report(rows: list[dict], ceilings: dict, info: dict, command: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", metavar="CHECKPOINT", help="also a base-size checkpoint, e.g. "
-                        "sentence-transformers/all-mpnet-base-v2 (exported here with a fresh head)")
+    parser.add_argument("--base", metavar="CHECKPOINT", help="also a base-size model: a fine-tuned folder, e.g. "
+                        "models/own/mpnet-mrpc, or a checkpoint, e.g. sentence-transformers/all-mpnet-base-v2 "
+                        "(exported here with a fresh head)")
     parser.add_argument("--latency-pairs", type=int, default=100, help="pairs timed one by one (batch 1)")
     parser.add_argument("--out-dir", type=Path, default=HERE)
     parser.add_argument("--export-to", type=Path, help=argparse.SUPPRESS)  # internal: export --base there, exit
@@ -271,7 +281,7 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "benchmarks.serve", "--base", args.base, "--export-to", tmp],
                            check=True)
             rows += bench_model(args.base.split("/")[-1], folder, folder / "exported", pairs, labels,
-                                args.latency_pairs, tuned=False, ceilings=ceilings)
+                                args.latency_pairs, tuned=fine_tuned(args.base), ceilings=ceilings)
     info = machine()
     command = "python -m benchmarks.serve" + (f" --base {args.base}" if args.base else "")
     (args.out_dir / "serve.json").write_text(json.dumps({"machine": info, "ceilings": ceilings, "rows": rows},

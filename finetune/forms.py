@@ -17,7 +17,9 @@ Each form folder loads on its own, with the tokenizer beside it:
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -29,7 +31,13 @@ from finetune.export import FORMS, ONNX_FILE
 from finetune.modeling import load_finetuned
 from finetune.openvino_forms import OPENVINO_FORMS, OV_CONFIG, OV_FILE, SERVE_EXTRA
 
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from finetune.batches import PairCollator
+
 PYTORCH = "pytorch"  # the fine-tuned model as trained: models/finetuned, fp32
+SPEED_ROWS, LATENCY_ROWS = 512, 64  # form_speed: rows timed at batch 32, and of those, one by one at batch 1
 
 
 class OnnxClassifier(torch.nn.Module):
@@ -112,3 +120,45 @@ def load_form(form: str, model_dir: Path,
     if form == "torch-bf16":
         return load_finetuned(folder).to(torch.bfloat16)
     return OpenVinoClassifier(folder) if form in OPENVINO_FORMS else OnnxClassifier(folder)
+
+
+def form_speed(classifier, rows: Dataset, collator: PairCollator) -> dict:
+    """How fast a form (``load_form``) runs on the CPU threads torch has, on a tokenized split's first
+    ``SPEED_ROWS`` rows, tokenizing excluded (the same tokenizer serves every form):
+
+    - ``batch_1_p50_ms``: the median milliseconds of one row, over the first ``LATENCY_ROWS`` rows one at a time;
+    - ``batch_32_rows_per_s``: rows per second in batches of 32, sorted by length as ``tools.predict`` batches them.
+
+    Both after one untimed pass over the same batches: OpenVINO's first call of each shape compiles it (its batch 1
+    median went from 12.5 ms to 5.3 ms on the second pass in docs/results.md's run).
+
+    Tokenizing and Python's per-call overhead come on top for a server; ``benchmarks/serve.py`` times both from text.
+    """
+    from finetune.batches import eval_dataloader
+    from finetune.tokenization import token_lengths
+
+    rows = rows.select(range(min(len(rows), SPEED_ROWS)))
+    rows = rows.remove_columns([c for c in rows.column_names if c not in ("input_ids", "attention_mask",
+                                                                          "token_type_ids")])
+    by_length = rows.select(np.argsort(token_lengths(rows), kind="stable"))
+    singles = eval_dataloader(rows.select(range(min(len(rows), LATENCY_ROWS))), collator, 1)
+    batches = eval_dataloader(by_length, collator, 32)
+
+    def seconds(batch) -> float:
+        begin = time.perf_counter()
+        classifier(**batch)
+        return time.perf_counter() - begin
+
+    with torch.inference_mode():
+        for batch in [*singles, *batches]:  # warm-up: OpenVINO compiles for each new shape on its first call
+            classifier(**batch)
+        one = [seconds(batch) for batch in singles]
+        total = sum(seconds(batch) for batch in batches)
+    return {"batch_1_p50_ms": round(float(np.median(one)) * 1e3, 2), "batch_32_rows_per_s": round(len(rows) / total, 1)}
+
+
+def fastest(speeds: dict[str, dict], where: str) -> dict:
+    """The fastest of ``speeds`` (form -> ``form_speed``, the forms at parity and PyTorch) at batch 1 (lowest
+    median) and at batch 32 (most rows/s), on the machine ``where`` describes."""
+    return {"machine": where, "batch_1": min(speeds, key=lambda f: speeds[f]["batch_1_p50_ms"]),
+            "batch_32": max(speeds, key=lambda f: speeds[f]["batch_32_rows_per_s"])}

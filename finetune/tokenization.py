@@ -6,6 +6,7 @@ https://huggingface.co/learn/llm-course/chapter3/4
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +40,20 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
     def where(split: str) -> dict:
         return {"keep_in_memory": True} if cache_dir is None else {"cache_file_name": str(cache_dir / f"{split}.arrow")}
 
+    # The result's identity (datasets' fingerprint, saved in state.json) from what decides its rows: the rows, the
+    # tokenizer's serialized form (its vocabulary and rules, not its path), the length and columns. Left to
+    # datasets, it is a hash of ``encode`` that pickles the whole tokenizer: half a second a split, more than
+    # tokenizing a small one.
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    rules = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+
+    def fingerprint(ds: Dataset) -> str:
+        key = (ds._fingerprint, hashlib.sha256(rules.encode()).hexdigest(), max_length, text_columns)
+        return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+
     tokenized = DatasetDict({
         split: ds.map(encode, batched=True, remove_columns=[*text_columns, "idx"], num_proc=num_proc,
-                      desc=f"Tokenizing {split}", **where(split))
+                      desc=f"Tokenizing {split}", new_fingerprint=fingerprint(ds), **where(split))
         for split, ds in raw.items()})
     return DatasetDict({split: ds.rename_column("label", "labels") if "label" in ds.column_names else ds
                         for split, ds in tokenized.items()})

@@ -4,14 +4,20 @@ Writes models/exported/<form>/ for each of ``export.forms`` (finetune/export.py:
 PyTorch where the hardware has bf16; finetune/openvino_forms.py: OpenVINO fp32, bf16 and NNCF int8), each with the tokenizer, config.json, task.json and the model card, and
 metrics/export.json:
 
-    {"pytorch": {"validation": {<the task's metrics>}, ..., "size_mb"},
+    {"pytorch": {"validation": {<the task's metrics>}, ..., "size_mb", "speed": {"batch_1_p50_ms", ...}},
      "onnx-int8": {"validation": {<the task's metrics>, "agreement", "max_abs_logit_diff"}, ..., "size_mb",
-                   "kept_fp32_matmuls", "warning": [...]}, "torch-bf16": {"skipped": "why"}}
+                   "kept_fp32_matmuls", "warning": [...]}, "torch-bf16": {"skipped": "why"}, ...,
+     "fastest_at_parity": {"machine": "cpu: AMD EPYC, 2 threads, avx512_bf16", "batch_1": form, "batch_32": form}}
 
 ``agreement`` is the share of rows whose prediction equals the PyTorch model's (classification), and
 ``max_abs_logit_diff`` the largest |logit - PyTorch's logit|. An fp32 form beyond ``export.fp32_tolerance`` fails
 the stage (nothing is written); a lossy form whose main metric drops more than ``export.max_metric_drop`` on a split
 gets a WARNING in the log and a ``warning`` in export.json, which the model card of each form repeats.
+
+Each form at parity (no warning) and the PyTorch model are then timed on the first validation rows, tokenizing
+excluded (``finetune.forms.form_speed``: median ms at batch 1, rows/s at batch 32), and ``fastest_at_parity`` names
+the fastest at each batch size on this machine, which the chosen form's card repeats. Timings move with the CPU
+and what else runs on it; ``benchmarks/serve.py`` compares the forms from text against ``pipeline()``.
 """
 
 from __future__ import annotations
@@ -28,11 +34,14 @@ from finetune.runtime import atomic_dir, run_stage, write_json
 
 if TYPE_CHECKING:
     import torch
+    from datasets import Dataset
 
     from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 LOSSY = ("onnx-int8", "torch-bf16", "openvino-bf16", "openvino-int8")
+# The functions import torch's side where they run, as finetune/teacher.py does: with no forms asked for, the stage
+# ends before torch loads.
 
 
 def export_model(params: Params, paths: Paths) -> dict:
@@ -46,7 +55,6 @@ def export_model(params: Params, paths: Paths) -> dict:
         ExportError: a form can't be made, or an fp32 form's logits differ from PyTorch's beyond
             ``export.fp32_tolerance``; the message names the form, the split and the difference.
     """
-    # Imported here, as finetune/teacher.py does: with no forms asked for, the stage ends before torch loads.
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
@@ -78,19 +86,44 @@ def export_model(params: Params, paths: Paths) -> dict:
 
     reference, reference_logits = score_form(model)
     results = {PYTORCH: {**{s: rounded(m) for s, m in reference.items()}, "size_mb": file_size_mb(paths.finetuned)}}
+    classifiers = {PYTORCH: model}
     with atomic_dir(paths.exported) as tmp:
         made = make_forms(model, tokenizer, paths.finetuned, tmp, p, tokenized["train"])
         for form, extra in made.items():
             if "skipped" in extra:
                 results[form] = extra
                 continue
-            metrics, logits = score_form(load_form(form, paths.finetuned, tmp))
+            classifiers[form] = load_form(form, paths.finetuned, tmp)
+            metrics, logits = score_form(classifiers[form])
             results[form] = {s: {**rounded(metrics[s]), **parity(logits[s], reference_logits[s], task)}
                              for s in splits}
             results[form].update(size_mb=file_size_mb(tmp / form), **extra)
             check_parity(form, results[form], splits, reference, p, main_metric, mode)
-            add_form_to_card(tmp / form / "README.md", form, results[form])
+        timed = splits[0] if splits else present_splits(params.evaluate.splits, tokenized)[0]
+        results["fastest_at_parity"] = time_forms(results, classifiers, tokenized[timed], tokenizer)
+        for form in made:
+            add_form_to_card(tmp / form / "README.md", form, results[form], results["fastest_at_parity"])
     return results
+
+
+def time_forms(results: dict, classifiers: dict, rows: Dataset, tokenizer) -> dict:
+    """Time PyTorch and each form at parity (no ``warning`` in its ``results``) on a tokenized split's ``rows``
+    (``finetune.forms.form_speed``), adding its ``speed`` to ``results``.
+
+    Returns:
+        ``fastest_at_parity``: this machine, and the fastest form at batch 1 and at batch 32.
+    """
+    from finetune.batches import make_collator
+    from finetune.forms import SPEED_ROWS, fastest, form_speed
+    from finetune.hardware import describe_device
+
+    collator, timed = make_collator(tokenizer), []
+    for form, classifier in classifiers.items():
+        if "warning" not in results[form]:
+            log.info("%s: timing at batch 1 and batch 32 on %d rows", form, min(len(rows), SPEED_ROWS))
+            results[form]["speed"] = form_speed(classifier, rows, collator)
+            timed.append(form)
+    return fastest({form: results[form]["speed"] for form in timed}, describe_device("cpu"))
 
 
 def rounded(metrics: dict) -> dict:
@@ -129,10 +162,10 @@ def check_parity(form: str, result: dict, splits: list[str], reference: dict, p,
             result.setdefault("warning", []).append(warning)
 
 
-def add_form_to_card(card: Path, form: str, result: dict) -> None:
-    """Append the form's section to its copy of the model card: how to load it and its parity with PyTorch (the
-    warning of a lossy form included)."""
-    if not card.exists():
+def add_form_to_card(card: Path, form: str, result: dict, fastest: dict) -> None:
+    """Append the form's section to its copy of the model card: how to load it, its parity with PyTorch (the
+    warning of a lossy form included) and whether it was the fastest at parity on the export stage's machine."""
+    if not card.exists() or "skipped" in result:
         return
     load = {"onnx": "onnxruntime.InferenceSession(\"model.onnx\")",
             "openvino": "openvino.compile_model(\"openvino_model.xml\", \"CPU\", <openvino.json's hint>)",
@@ -141,6 +174,8 @@ def add_form_to_card(card: Path, form: str, result: dict) -> None:
              "tokenizer of this folder. Against the PyTorch fp32 model, from metrics/export.json:\n",
              "```json", json.dumps(result, indent=2), "```"]
     lines += [f"\n**Warning:** {w}." for w in result.get("warning", [])]
+    lines += [f"\n**The fastest form at parity at {n.replace('_', ' ')}** on the export stage's machine "
+              f"({fastest['machine']}; metrics/export.json)." for n in ("batch_1", "batch_32") if fastest[n] == form]
     card.write_text(card.read_text() + "\n".join(lines) + "\n")
 
 

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from accelerate import PartialState
-
 from finetune.params import load_params
 from finetune.paths import Paths
 from finetune.runtime import launch_if_distributed, run_stage, write_json
-from finetune.training import train
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +21,11 @@ log = logging.getLogger(__name__)
 def main() -> None:
     params, paths = load_params(), Paths()
     launch_if_distributed("stages.train", params.train.accelerate_config)
+    # Imported after the hand-over: a process that only starts `accelerate launch` never loads torch (about 5 s).
+    from accelerate import PartialState
+
+    from finetune.training import train
+
     metrics = train(params, paths)
     if PartialState().is_main_process:
         log.info("Train metrics: %s", metrics)

@@ -19,6 +19,7 @@ from finetune.errors import ExportError, ParamsError
 from finetune.export import export_onnx, module_of, quantize_int8
 from finetune.forms import OnnxClassifier, load_form
 from finetune.modeling import load_classifier
+from finetune.paths import Paths
 from finetune.tasks import glue_task
 from stages import export as export_stage
 from tests.helpers import FAMILIES, REPO, make_family_checkpoint, make_project, tiny_params
@@ -75,14 +76,22 @@ def test_module_names_of_onnx_nodes_and_no_local_paths(tiny_checkpoint, tmp_path
     assert str(REPO).encode() not in (tmp_path / "model.onnx").read_bytes()
 
 
-@pytest.fixture
-def finetuned(tiny_raw, tiny_checkpoint, tmp_path):
+@pytest.fixture(scope="module")
+def finetuned_template(tiny_raw, tiny_checkpoint, tmp_path_factory):
     """A project as the export stage finds it: data/tokenized and models/finetuned (a tiny MRPC classifier)."""
     params = tiny_params(export={"forms": ["onnx-fp32", "onnx-int8", "torch-bf16"]})
-    paths = make_project(tmp_path / "p", params, tiny_raw, tiny_checkpoint)
+    paths = make_project(tmp_path_factory.mktemp("export") / "p", params, tiny_raw, tiny_checkpoint)
     save_model(paths.pretrained, paths.finetuned)
     (paths.finetuned / "README.md").write_text("# model card\n")
-    return params, paths
+    return params, paths.root
+
+
+@pytest.fixture
+def finetuned(finetuned_template, tmp_path):
+    """A copy of ``finetuned_template`` for one test (made once: tokenizing and saving cost seconds a test)."""
+    params, template = finetuned_template
+    shutil.copytree(template, tmp_path / "p")
+    return params, Paths(tmp_path / "p")
 
 
 def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
@@ -90,8 +99,9 @@ def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
     monkeypatch.setattr(export, "bf16_unsupported", lambda: None)  # make the bf16 form on any CPU
     results = export_stage.export_model(params, paths)
 
-    assert list(results) == ["pytorch", "onnx-fp32", "onnx-int8", "torch-bf16"]
-    for form in ("onnx-fp32", "onnx-int8", "torch-bf16"):
+    assert list(results) == ["pytorch", "onnx-fp32", "onnx-int8", "torch-bf16", "fastest_at_parity"]
+    made = ("onnx-fp32", "onnx-int8", "torch-bf16")
+    for form in made:
         for split in ("validation", "test"):
             assert set(results[form][split]) == {"loss", "accuracy", "f1", "agreement", "max_abs_logit_diff"}
         assert (paths.exported / form / "tokenizer.json").exists() and (paths.exported / form / "task.json").exists()
@@ -102,6 +112,16 @@ def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
     assert results["onnx-int8"]["size_mb"] < fp32["size_mb"]
     assert results["onnx-int8"]["kept_fp32_matmuls"] == 6
     assert load_form("torch-bf16", paths.finetuned, paths.exported).dtype == torch.bfloat16
+    # The forms at parity and PyTorch are timed; the fastest at each batch size is named, and on its card.
+    timed = [form for form, r in results.items() if "speed" in r]
+    assert "pytorch" in timed and set(timed) == {"pytorch", *(f for f in made if "warning" not in results[f])}
+    assert all(results[f]["speed"]["batch_1_p50_ms"] > 0 and results[f]["speed"]["batch_32_rows_per_s"] > 0
+               for f in timed)
+    fastest = results["fastest_at_parity"]
+    assert fastest["machine"].startswith("cpu: ") and {fastest["batch_1"], fastest["batch_32"]} <= set(timed)
+    assert fastest["batch_1"] == min(timed, key=lambda f: results[f]["speed"]["batch_1_p50_ms"])
+    for form in {fastest["batch_1"], fastest["batch_32"]} - {"pytorch"}:
+        assert "**The fastest form at parity at batch" in (paths.exported / form / "README.md").read_text()
     assert sorted(p.name for p in paths.exported.parent.iterdir()) == ["exported", "finetuned", "pretrained"]
 
 
@@ -219,7 +239,7 @@ def test_openvino_forms_agree_with_pytorch_and_calibrate_on_train_rows_only(fine
     monkeypatch.setattr(nncf, "quantize", recording)
     results = export_stage.export_model(params.model_copy(update={"export": settings}), paths)
 
-    assert list(results) == ["pytorch", *OPENVINO]
+    assert list(results) == ["pytorch", *OPENVINO, "fastest_at_parity"]
     assert not (paths.exported / "onnx-fp32").exists()  # the ONNX file they start from is not a form asked for
     fp32 = results["openvino-fp32"]["validation"]
     assert fp32["agreement"] == 1.0 and fp32["max_abs_logit_diff"] < params.export.fp32_tolerance

@@ -237,6 +237,37 @@ def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_ch
         assert (scored["prediction"] == np.array(["negative", "neutral", "positive"])[probabilities.argmax(1)]).all()
 
 
+def test_another_glue_task_by_name_trains_and_evaluates_its_metric(project_root, tiny_checkpoint, caplog):
+    # data.config=stsb (`dvc exp run -S data.config=stsb`; the switch by -S itself: tests/test_pipeline_e2e.py, on own
+    # files): a regression task of GLUE with no test split, its metrics in train.json and eval.json.
+    import logging
+    import shutil
+
+    from finetune.paths import Paths
+
+    def stsb(n, seed):
+        df = make_split(n, seed).to_pandas()
+        return df.assign(label=[round(float(i % 11) / 2, 1) for i in range(n)]).astype({"label": "float32"})
+
+    glue = write_hub_folder(project_root / "glue", {"train": stsb(40, 0), "validation": stsb(15, 1)}, config="stsb")
+    params = tiny_params(data={"dataset": str(glue), "config": "stsb", "local_copy": None},
+                         evaluate={"splits": ["validation", "test"]})
+    paths = Paths(project_root)
+    assert download_dataset(params.data, paths.raw)["task"]["metric_config"] == "stsb"
+    shutil.copytree(tiny_checkpoint, paths.pretrained)
+    tokenize_splits(params, paths)
+    metrics = train(params, paths)
+    reset_accelerate()
+    with caplog.at_level(logging.WARNING, logger="finetune.splits"):
+        evaluation = evaluate_model(params, paths)
+    reset_accelerate()
+    assert "No test split in the data (it has train, validation): skipped" in caplog.text
+    assert "best_validation_pearson" in metrics
+    assert list(evaluation) == ["validation"] and set(evaluation["validation"]) == {
+        "loss", "pearson", "spearmanr", "examples", "baseline", "collapsed"}
+    assert (paths.eval_logs / "plots/custom/validation/scatter.json").is_file()
+
+
 def test_three_class_own_data_is_held_to_the_collapse_check(project_root, tiny_checkpoint, caplog):
     import logging
     import shutil

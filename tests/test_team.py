@@ -138,22 +138,25 @@ def wait_for_queue(root: Path, names: list[str], timeout: float = 400) -> str:
 
 
 def test_the_queue_runs_two_experiments_at_once(team):
+    # docs/team.md's queue: q-1 changes a train param (train, evaluate, card and export rerun, the rest comes from the
+    # cache), q-2 an export param only (the export stage alone, with no forms: its start is the queue's own cost).
+    # Two trainings at once in temporary copies of the workspace: tests/test_tune.py's two workers.
     local = clone(team, "queue")
     run(dvc("pull"), local)
-    # train params only: each experiment reruns train, evaluate, card and export, the rest comes from the cache
-    lrs = {"q-1": 2e-3, "q-2": 3e-3}
-    for name, lr in lrs.items():
-        run(dvc("exp", "run", "--queue", "-n", name, "-S", f"train.lr={lr}", "-S", "train.num_threads=1"), local)
+    changes = {"q-1": ("train.lr", 2e-3), "q-2": ("export.max_metric_drop", 0.01)}
+    for name, (key, value) in changes.items():
+        run(dvc("exp", "run", "--queue", "-n", name, "-S", f"{key}={value}"), local)
     assert "Started '2' new experiments task queue workers" in run(dvc("queue", "start", "-j", "2"), local)
-    status = wait_for_queue(local, list(lrs))
+    status = wait_for_queue(local, list(changes))
     assert status.count("Success") == 2, status
     runs = exp_show(local)
-    for name, lr in lrs.items():
-        assert runs[name]["params"]["params.yaml"]["data"]["train"]["lr"] == lr
+    for name, (key, value) in changes.items():
+        section, param = key.split(".")
+        assert runs[name]["params"]["params.yaml"]["data"][section][param] == value
         assert "f1" in runs[name]["metrics"]["metrics/eval.json"]["data"]["validation"]
         log = run(dvc("queue", "logs", name), local)
-        assert "Running stage 'train'" in log and "Running stage 'download'" not in log, log
-        assert "Running stage 'collate-check'" not in log, log
+        assert ("Running stage 'train'" in log) == (name == "q-1") and "Running stage 'export'" in log, log
+        assert "Running stage 'download'" not in log and "Running stage 'collate-check'" not in log, log
 
 
 # The pull-request workflow: steps played here, and the ones that are not (the checkout is the clone itself, the
