@@ -14,11 +14,11 @@ The machine's matmul ceilings (fp32 and, where the instructions exist, bf16 in t
 ``MatMulInteger``) are probed, and each way's achieved GFLOP/s at batch 32 reported as a fraction of its ceiling.
 
     python -m benchmarks.serve                    # the default model: models/finetuned and models/exported
-    python -m benchmarks.serve --base models/own/mpnet-mrpc   # and a base-size model fine-tuned on MRPC
+    python -m benchmarks.serve --base models/kept/mpnet-mrpc   # and a base-size model fine-tuned on MRPC
     python -m benchmarks.serve --base sentence-transformers/all-mpnet-base-v2   # or, speed only, not fine-tuned
 
 ``--base`` is exported with the same ``export`` params in a temp folder and timed the same way. A fine-tuned model
-folder (one with ``task.json``: a run's ``models/finetuned``, kept in models/own; docs/serving.md says how to make
+folder (one with ``task.json``: a run's ``models/finetuned``, kept in models/kept; docs/serving.md says how to make
 one) is scored like the default; a pretrained checkpoint gets a fresh head, so only the agreement of each form with
 its own PyTorch fp32 predictions is reported. Needs ``dvc repro`` (through the export stage) on MRPC. Writes
 benchmarks/serve.json and benchmarks/SERVE.md.
@@ -139,8 +139,18 @@ def _seconds(call) -> float:
 
 
 def fine_tuned(checkpoint: str) -> bool:
-    """Whether ``checkpoint`` is a fine-tuned model folder (it has the ``task.json`` the train stage saves)."""
-    return (project_path(checkpoint) / TASK_FILE).is_file()
+    """Whether ``checkpoint`` is a fine-tuned model folder (it has the ``task.json`` the train stage saves).
+
+    Raises:
+        SystemExit: it is fine-tuned on another task than MRPC (the benchmark scores MRPC validation pairs).
+    """
+    folder = project_path(checkpoint)
+    if not (folder / TASK_FILE).is_file():
+        return False
+    if (task := Task.load(folder)).name != "mrpc":
+        raise SystemExit(f"ERROR: python -m benchmarks.serve: --base {checkpoint} is fine-tuned on {task.name!r}; the "
+                         "benchmark scores MRPC validation pairs: give a model fine-tuned on MRPC, or a checkpoint")
+    return True
 
 
 def export_base(checkpoint: str, folder: Path) -> Path:
@@ -253,7 +263,7 @@ def report(rows: list[dict], ceilings: dict, info: dict, command: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", metavar="CHECKPOINT", help="also a base-size model: a fine-tuned folder, e.g. "
-                        "models/own/mpnet-mrpc, or a checkpoint, e.g. sentence-transformers/all-mpnet-base-v2 "
+                        "models/kept/mpnet-mrpc, or a checkpoint, e.g. sentence-transformers/all-mpnet-base-v2 "
                         "(exported here with a fresh head)")
     parser.add_argument("--latency-pairs", type=int, default=100, help="pairs timed one by one (batch 1)")
     parser.add_argument("--out-dir", type=Path, default=HERE)

@@ -120,6 +120,7 @@ def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
     fastest = results["fastest_at_parity"]
     assert fastest["machine"].startswith("cpu: ") and {fastest["batch_1"], fastest["batch_32"]} <= set(timed)
     assert fastest["batch_1"] == min(timed, key=lambda f: results[f]["speed"]["batch_1_p50_ms"])
+    assert fastest["batch_32"] == max(timed, key=lambda f: results[f]["speed"]["batch_32_rows_per_s"])
     for form in {fastest["batch_1"], fastest["batch_32"]} - {"pytorch"}:
         assert "**The fastest form at parity at batch" in (paths.exported / form / "README.md").read_text()
     assert sorted(p.name for p in paths.exported.parent.iterdir()) == ["exported", "finetuned", "pretrained"]
@@ -167,6 +168,7 @@ def test_lossy_form_beyond_the_tolerance_is_flagged(finetuned, caplog):
         assert "**Warning:** onnx-int8 loses" in (paths.exported / "onnx-int8" / "README.md").read_text()
     else:
         assert "warning" not in results["onnx-int8"]
+    assert ("speed" in results["onnx-int8"]) == ("warning" not in results["onnx-int8"])  # only forms at parity are timed
 
 
 def test_predict_with_a_form_equals_pytorch(finetuned, tmp_path, monkeypatch):
