@@ -1,5 +1,5 @@
 """The machine under a benchmark and what a model costs on it: the machine's description, its dense matmul ceiling
-(fp32, bf16 GFLOP/s), and a checkpoint's shape and training FLOPs, so that a measured training speed can be given
+(fp32, bf16 GFLOP/s; int8 GOP/s in ONNX Runtime), and a checkpoint's shape and training FLOPs, so that a measured training speed can be given
 as a fraction of the ceiling."""
 
 from __future__ import annotations
@@ -42,6 +42,32 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float
         start = time.perf_counter()
         a @ b
         sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def int8_gops(n: int = 2048, repeats: int = 10) -> float:
+    """ONNX Runtime's ``MatMulInteger`` (uint8 x int8, int32 out) ``[n, n] @ [n, n]`` in GOP/s, best of
+    ``repeats``: the int8 ceiling that dynamic quantization's matmuls run on."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["c"])], "int8",
+                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, n]),
+                               helper.make_tensor_value_info("b", TensorProto.INT8, [n, n])],
+                              [helper.make_tensor_value_info("c", TensorProto.INT32, [n, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {"a": np.random.randint(0, 255, (n, n), dtype=np.uint8),
+            "b": np.random.randint(-127, 127, (n, n), dtype=np.int8)}
+    session.run(None, feed)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, feed)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best / 1e9
 

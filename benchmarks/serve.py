@@ -41,7 +41,7 @@ from datasets import load_from_disk
 from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoTokenizer, pipeline
 
-from benchmarks.machine import machine, matmul_gflops
+from benchmarks.machine import int8_gops, machine, matmul_gflops
 from benchmarks.workspace import check_workspace
 from finetune.export import bf16_unsupported, make_forms
 from finetune.forms import PYTORCH, load_form
@@ -111,33 +111,6 @@ def measure(way: str, model_dir: Path, exported: Path, pairs, latency_pairs: int
             "batch32_pairs_per_s": round(len(pairs) / sum(sec), 1), "predicted": predicted}
 
 
-def int8_gops(n: int = 2048, repeats: int = 10) -> float:
-    """ONNX Runtime's ``MatMulInteger`` (uint8 x int8, int32 out) ``[n, n] @ [n, n]`` in GOP/s, best of
-    ``repeats``: the int8 ceiling that dynamic quantization's matmuls run on."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["c"])], "int8",
-                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [n, n]),
-                               helper.make_tensor_value_info("b", TensorProto.INT8, [n, n])],
-                              [helper.make_tensor_value_info("c", TensorProto.INT32, [n, n])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feed = {"a": np.random.randint(0, 255, (n, n), dtype=np.uint8),
-            "b": np.random.randint(-127, 127, (n, n), dtype=np.int8)}
-    session.run(None, feed)
-    best = min(_seconds(lambda: session.run(None, feed)) for _ in range(repeats))
-    return 2 * n**3 / best / 1e9
-
-
-def _seconds(call) -> float:
-    begin = time.perf_counter()
-    call()
-    return time.perf_counter() - begin
-
-
 def fine_tuned(checkpoint: str) -> bool:
     """Whether ``checkpoint`` is a fine-tuned model folder (it has the ``task.json`` the train stage saves).
 
@@ -163,9 +136,9 @@ def export_base(checkpoint: str, folder: Path) -> Path:
     from finetune.tokenization import tokenize
 
     torch.manual_seed(0)
-    source, p = resolve_checkpoint(checkpoint).path, load_params().export
-    task = Task.load(source) if fine_tuned(checkpoint) else glue_task("mrpc")
-    model = (load_finetuned(source) if fine_tuned(checkpoint) else load_classifier(source, task)).eval()
+    source, p, tuned = resolve_checkpoint(checkpoint).path, load_params().export, fine_tuned(checkpoint)
+    task = Task.load(source) if tuned else glue_task("mrpc")
+    model = (load_finetuned(source) if tuned else load_classifier(source, task)).eval()
     tokenizer = AutoTokenizer.from_pretrained(source)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
