@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.workspace import check_workspace
 from finetune.tasks import glue_task
-from tests.helpers import make_project, python, run, tiny_params, write_params
+from tests.helpers import REPO, make_project, python, reset_accelerate, run, tiny_params, write_params
 
 e2e = pytest.mark.e2e  # the stages in subprocesses, as the benchmark runs them
 
@@ -20,15 +20,16 @@ def project(tiny_raw, tiny_checkpoint, tmp_path_factory):
     return make_project(tmp_path_factory.mktemp("benchmark") / "p", tiny_params(), tiny_raw, tiny_checkpoint).root
 
 
-@e2e
-def test_the_project_way_trains_and_evaluates_through_the_stages(project):
-    overrides = json.dumps({"train": {"batch_size": 4}})
-    out = run(python("-m", "benchmarks.benchmark", "--way", "project", "--max-steps", "3", "--overrides", overrides),
-              project)
-    result = json.loads(out.strip().splitlines()[-1])
+def test_the_project_way_trains_and_evaluates_through_the_stages(project, monkeypatch):
+    # In this process (the way's own process, as the benchmark starts it: the checkpoints below).
+    from benchmarks.pipeline import project as project_way
+
+    monkeypatch.chdir(project)
+    result = project_way(3, {"train": {"batch_size": 4}})
+    reset_accelerate()
     assert result["steps"] == 3 and result["samples"] == 12  # 3 optimizer steps of the overridden batch of 4
     assert 0 <= result["accuracy"] <= 1 and 0 <= result["f1"] <= 1
-    assert result["settings"]["batch_size"] == 4 and result["peak_rss_mb"] > 0
+    assert result["settings"]["batch_size"] == 4
 
 
 def test_a_misspelt_override_is_named(project, monkeypatch):
@@ -41,17 +42,23 @@ def test_a_misspelt_override_is_named(project, monkeypatch):
 
 
 @e2e
-def test_checkpoints_side_by_side_with_the_flop_ratio_of_their_shapes(project, tiny_checkpoint, tokenizer, tmp_path):
+def test_checkpoints_side_by_side_with_the_flop_ratio_of_their_shapes(project, tiny_checkpoint, tokenizer, tmp_path,
+                                                                     monkeypatch):
+    # `--checkpoints` in this process, given a ceiling instead of measuring one (seconds of 2048² matmuls); each
+    # checkpoint is the project way in its own process (`--way project --checkpoint`), as the command starts it.
+    from benchmarks.checkpoints import compare_checkpoints
     from tests.helpers import make_checkpoint
 
     wider = make_checkpoint(tmp_path / "wider", tokenizer, hidden_size=64, intermediate_size=128)
-    run(python("-m", "benchmarks.benchmark", "--checkpoints", str(tiny_checkpoint), str(wider), "--max-steps", "2",
-               "--out-dir", str(tmp_path)), project)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the ways' processes import benchmarks/ from this checkout
+    compare_checkpoints([str(tiny_checkpoint), str(wider)], 2, {"fp32_gflops": 100.0, "bf16_gflops": None}, tmp_path)
     records = json.loads((tmp_path / "checkpoints.json").read_text())["checkpoints"]
     assert [r["hidden"] for r in records] == [32, 64] and all(r["steps"] == 2 for r in records)
     assert records[0]["expected_flops_ratio"] == 1.0 and records[1]["expected_flops_ratio"] > 2
     # samples/s from the unrounded time: 2 steps of a tiny model may round train_seconds to 0.0
     assert all(r["samples_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["settings"]["batch_size"] == 8 for r in records)
+    assert all(r["samples"] == 2 * 8 for r in records)
     assert "| checkpoint | type | layers × hidden |" in (tmp_path / "CHECKPOINTS.md").read_text()
 
 

@@ -13,8 +13,8 @@ from finetune.collapse import collapse_check, constant_baseline, end_of_run, war
 from finetune.evaluation import load_metric, score
 from finetune.tasks import glue_task, own_task
 from finetune.training import train
-from stages import evaluate as evaluate_stage
-from stages.evaluate import evaluate_model
+from finetune import predictions as evaluate_stage
+from finetune.predictions import evaluate_model
 from tests.helpers import force_one_class, save_collapsed_model, tiny_params
 
 MRPC, RTE = glue_task("mrpc"), glue_task("rte")

@@ -22,7 +22,7 @@ from finetune.tasks import glue_task
 from finetune.training import train
 from stages.collate_check import check_all
 from stages.download import download_checkpoint
-from stages.evaluate import evaluate_model
+from finetune.predictions import evaluate_model
 from tests.helpers import FAMILIES, make_family_checkpoint, make_project, make_raw, reset_accelerate, tiny_params
 from tools.predict import predict
 

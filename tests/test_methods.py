@@ -16,7 +16,7 @@ from finetune.modeling import MeanPooledForSequenceClassification, load_classifi
 from finetune.tasks import glue_task
 from finetune.training import train
 from stages.download import download_checkpoint
-from stages.evaluate import evaluate_model
+from finetune.predictions import evaluate_model
 from tests.helpers import make_project, reset_accelerate, tiny_params
 from tools.predict import predict
 

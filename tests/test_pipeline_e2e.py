@@ -166,6 +166,15 @@ def test_report_compares_two_commits(project, tmp_path):
     assert "unknown Git revision 'no-such-rev'" in failed and "Traceback" not in failed
 
 
+def test_bad_param_stops_the_stage_with_one_message(project):
+    # The train stage checks params.yaml first: the message, no traceback, a failed experiment.
+    root = project
+    out = run(dvc("exp", "run", "-S", "train.lr=-1"), root, ok=False)
+    assert "params.yaml: train.lr: Input should be greater than 0 (got -1)" in out
+    assert "Traceback" not in out and "CalledProcessError" not in out
+    run(["git", "checkout", "--", "params.yaml"], root)
+
+
 def test_exp_run_switches_own_files_with_set_param_only(project):
     # From the GLUE task, the user's own CSV (one text column, three string labels, no validation and no test file) by
     # -S alone. -S merges a mapping into params.yaml's: with data.files already listing three splits (as after a run on
@@ -200,12 +209,3 @@ def test_exp_run_switches_own_files_with_set_param_only(project):
     assert "macro_f1" in shown and shown["baseline"] == evaluation["validation"]["baseline"]
     run(["git", "checkout", "--", "."], root)
     run(dvc("checkout"), root)
-
-
-def test_bad_param_stops_the_stage_with_one_message(project):
-    # The train stage checks params.yaml first: the message, no traceback, a failed experiment.
-    root = project
-    out = run(dvc("exp", "run", "-S", "train.lr=-1"), root, ok=False)
-    assert "params.yaml: train.lr: Input should be greater than 0 (got -1)" in out
-    assert "Traceback" not in out and "CalledProcessError" not in out
-    run(["git", "checkout", "--", "params.yaml"], root)

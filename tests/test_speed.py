@@ -13,7 +13,7 @@ from finetune.training import train
 from stages.collate_check import check_split
 
 MRPC = glue_task("mrpc")
-from stages.evaluate import evaluate_model
+from finetune.predictions import evaluate_model
 from tests.helpers import reset_accelerate, tiny_params
 
 

@@ -16,7 +16,7 @@ from finetune.evaluation import load_metric
 from finetune.tasks import GLUE_TASKS, glue_task, own_task
 from finetune.training import train
 from stages.download import download_dataset
-from stages.evaluate import evaluate_model
+from finetune.predictions import evaluate_model
 from stages.tokenize import tokenize_splits
 from tests.helpers import make_split, own_frame, reset_accelerate, tiny_params, write_hub_folder, write_own_file
 from tools.predict import predict
@@ -338,15 +338,16 @@ def finetuned_mrpc(tiny_raw, tiny_checkpoint, tmp_path_factory):
     return paths.trained
 
 
-def test_predict_command_writes_the_csv(finetuned_mrpc, tmp_path):
-    from tests.helpers import python, run
+def test_predict_command_writes_the_csv(finetuned_mrpc, tmp_path, caplog):
+    # The command's main, in this process (its argv, its log): `python -m tools.predict` adds only the start.
     from tools.predict import main as predict_main
 
     rows = pd.DataFrame({"sentence1": ["The court rejected the appeal.", "Police arrested two men."],
                          "sentence2": ["The appeal was rejected.", "The team won the final."]})
     file = write_own_file(rows, tmp_path / "pairs.tsv")
-    out = run(python("-m", "tools.predict", str(file), "--model", str(finetuned_mrpc), "--out",
-                     str(tmp_path / "scored.csv")), tmp_path)
+    with caplog.at_level("INFO"):
+        predict_main([str(file), "--model", str(finetuned_mrpc), "--out", str(tmp_path / "scored.csv")])
+    out = caplog.text
     scored = pd.read_csv(tmp_path / "scored.csv")
     assert list(scored.columns) == ["sentence1", "sentence2", "prediction", "probability_not_equivalent",
                                     "probability_equivalent"]

@@ -14,7 +14,7 @@ from transformers import AutoModelForSequenceClassification, pipeline
 from finetune.evaluation import load_metric
 from finetune.tasks import glue_task
 from finetune.training import train
-from stages.evaluate import evaluate_model
+from finetune.predictions import evaluate_model
 from tests.helpers import make_project, reset_accelerate, tiny_params
 
 MRPC = glue_task("mrpc")
@@ -100,7 +100,7 @@ def test_predictions_written_in_chunks_equal_one_table(tiny_raw, tmp_path, monke
     import torch
 
     from finetune.tasks import glue_task
-    from stages import evaluate
+    from finetune import predictions as evaluate
 
     task, split = glue_task("mrpc"), tiny_raw["validation"]  # 21 rows
     logits = torch.randn(len(split), 2, generator=torch.Generator().manual_seed(0))
@@ -155,7 +155,7 @@ def test_an_interrupted_tokenize_leaves_the_previous_output_and_no_scratch(tiny_
 
 
 def test_an_interrupted_evaluate_leaves_the_previous_predictions(finetuned, monkeypatch):
-    from stages import evaluate
+    from finetune import predictions as evaluate
 
     paths, _ = finetuned
     params = tiny_params(evaluate={"splits": ["validation", "test"]})
@@ -171,7 +171,7 @@ def test_an_interrupted_evaluate_leaves_the_previous_predictions(finetuned, monk
 def test_one_model_one_validation_score_under_bf16(tiny_project, monkeypatch):
     # Issue 41: training validates under train.mixed_precision; the evaluate stage runs in the same precision, so the
     # kept evaluation's score in train.json is eval.json's (before, evaluate ran in fp32 and the two differed).
-    from stages import evaluate as evaluate_stage
+    from finetune import predictions as evaluate_stage
 
     params = tiny_params(train={"mixed_precision": "bf16", "keep_best": True, "epochs": 2},
                          evaluate={"sort_by_length": True, "splits": ["validation"]})

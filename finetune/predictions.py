@@ -1,0 +1,102 @@
+"""The evaluate stage's work (stages/evaluate.py): the fine-tuned model's metrics on each split it is asked for, and
+its predictions for every row, as a CSV (``prediction_table``) and DVCLive plots."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import numpy as np
+import pandas as pd
+import torch
+from datasets import Dataset, load_from_disk
+from transformers import AutoTokenizer
+
+from finetune.batches import evaluation_loader
+from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
+from finetune.evaluation import evaluate_split, load_metric, predictions_of, with_predictions
+from finetune.hardware import resolve_mixed_precision
+from finetune.live import log_plots, open_live
+from finetune.modeling import load_finetuned
+from finetune.params import Params
+from finetune.paths import Paths
+from finetune.splits import is_labeled, present_splits
+from finetune.runtime import atomic_dir, make_accelerator, set_cpu_threads
+from finetune.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+CHUNK_ROWS = 10_000  # rows of the predictions table built and written at a time
+
+
+def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task, columns: tuple[str, ...] | None = None,
+                     ) -> pd.DataFrame:
+    """One row per example of ``raw`` (a prepared split) in its order: ``idx``, the text columns, ``label`` (the
+    gold class name or score; absent when unlabeled), then ``prediction`` and the probabilities
+    (``finetune.evaluation.with_predictions`` of ``logits [examples, num_labels]``). ``columns``: only these of
+    raw's (default ``idx`` and the text columns)."""
+    table = raw.select_columns(list(columns if columns is not None else ["idx", *task.text_columns])).to_pandas()
+    if "label" in raw.column_names:
+        labels = np.asarray(raw["label"])
+        table["label"] = labels if task.is_regression else np.array(task.label_names)[labels]
+    return with_predictions(table, logits, task)
+
+
+def write_predictions(raw: Dataset, logits: torch.Tensor, task: Task, file) -> None:
+    """``prediction_table`` of the split into the CSV ``file``, ``CHUNK_ROWS`` rows at a time (the same file as one
+    table gives)."""
+    with open(file, "w", newline="") as f:
+        for start in range(0, len(raw), CHUNK_ROWS):
+            rows = range(start, min(start + CHUNK_ROWS, len(raw)))
+            prediction_table(raw.select(rows), logits[start:rows.stop], task).to_csv(f, index=False,
+                                                                                     header=start == 0)
+
+
+def evaluate_model(params: Params, paths: Paths) -> dict:
+    """Evaluate ``paths.trained`` on those of ``evaluate.splits`` the data has; write one predictions CSV per split
+    into ``paths.predictions`` and each labeled split's plots into ``paths.eval_logs``.
+
+    The model runs in the precision training ran in (``train.mixed_precision``, resolved as the train stage
+    resolves it) with its CPU threads (``train.num_threads``) and batches: so the validation scores here are those
+    of the kept evaluation in metrics/train.json, one model with one validation score. fp32 scores of every served
+    form are the export stage's (metrics/export.json).
+
+    Returns:
+        ``{split: {"loss", <the task's metrics>, "examples", <the collapse check>}}`` for each labeled split (the
+        check: ``finetune.collapse.collapse_check`` against the constant model of train's labels, with a WARNING
+        when collapsed); an unlabeled split only gets its predictions file and ``{"examples": n}``.
+    """
+    p = params.evaluate
+    set_cpu_threads(params.train.num_threads)
+    accelerator = make_accelerator(mixed_precision=resolve_mixed_precision(params.train.mixed_precision))
+    tokenizer = AutoTokenizer.from_pretrained(paths.trained)
+    model = accelerator.prepare(load_finetuned(paths.trained))
+    main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
+    tokenized, raw, task = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw)), Task.load(paths.raw)
+    results = {}
+    with (atomic_dir(paths.predictions) if main else contextlib.nullcontext()) as tmp, \
+            (atomic_dir(paths.eval_logs) if main else contextlib.nullcontext()) as live_tmp:
+        live = open_live(live_tmp) if main else None
+        for split in present_splits(p.splits, tokenized):
+            labeled = is_labeled(tokenized[split])
+            dataloader, order = evaluation_loader(tokenized[split], tokenizer, p)
+            metric = load_metric(task) if labeled else None
+            metrics, logits = evaluate_split(model, accelerator.prepare(dataloader), accelerator, task, metric,
+                                             desc=split)
+            if order is not None:  # back to row order
+                logits = logits[np.argsort(order)]
+            if main:
+                write_predictions(raw[split], logits, task, tmp / f"{split}.csv")
+            results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(logits)}
+            if labeled:
+                baseline = constant_baseline(task, metric, tokenized["train"]["labels"], tokenized[split]["labels"])
+                results[split].update(collapse_check(task, metrics, predictions_of(logits, task), baseline))
+                warn_if_collapsed(split, task, metrics, results[split])
+            if live is not None and labeled:  # gold and predicted classes, probabilities: no texts
+                log_plots(live, split, task, prediction_table(raw[split], logits, task, columns=("idx",)))
+            log.info("%s: %s", split, results[split] if labeled else "no labels, predictions only")
+        if live is not None:
+            live.end()
+    accelerator.wait_for_everyone()
+    return results
