@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -148,7 +149,12 @@ def test_the_queue_runs_two_experiments_at_once(team):
     changes = {"q-1": ("export.max_metric_drop", 0.02), "q-2": ("export.max_metric_drop", 0.01)}
     for name, (key, value) in changes.items():
         run(dvc("exp", "run", "--queue", "-n", name, "-S", f"{key}={value}"), local)
-    assert "Started '2' new experiments task queue workers" in run(dvc("queue", "start", "-j", "2"), local)
+    # Its output to a file, not a pipe: the workers it starts hold its stdout until they exit, about 10 s idle after
+    # the last experiment, and reading the pipe to its end would wait for them.
+    with open(local / "queue-start.log", "w") as log:
+        subprocess.run(dvc("queue", "start", "-j", "2"), cwd=local, env=project_env(), stdout=log,
+                       stderr=subprocess.STDOUT, check=True, timeout=120)
+    assert "Started '2' new experiments task queue workers" in (local / "queue-start.log").read_text()
     status = wait_for_queue(local, list(changes))
     assert status.count("Success") == 2, status
     runs = exp_show(local)
