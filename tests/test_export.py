@@ -18,7 +18,7 @@ from finetune import export
 from finetune.errors import ExportError, ParamsError
 from finetune.export import export_onnx, module_of, quantize_int8
 from finetune.forms import OnnxClassifier, load_form
-from finetune.modeling import load_classifier
+from finetune.modeling import load_classifier, load_finetuned
 from finetune.paths import Paths
 from finetune.tasks import glue_task
 from stages import export as export_stage
@@ -66,14 +66,6 @@ def test_each_family_exports_with_pytorch_logits_and_quantizes(family, tmp_path)
     assert (logits - expected).abs().max() < 0.05  # int8 weights of a tiny random model: close, not equal
 
 
-def test_module_names_of_onnx_nodes_and_no_local_paths(tiny_checkpoint, tmp_path):
-    model = save_model(tiny_checkpoint, tmp_path / "model")
-    export_onnx(model, AutoTokenizer.from_pretrained(tiny_checkpoint), tmp_path / "model.onnx", opset=18)
-    modules = {module_of(n) for n in onnx.load(str(tmp_path / "model.onnx")).graph.node if n.op_type == "MatMul"}
-    assert "bert.encoder.layer.0.attention.self.query" in modules
-    assert "bert.encoder.layer.1.output.dense" in modules
-    # No stack traces with this checkout's paths: the same model exported in another clone is the same file.
-    assert str(REPO).encode() not in (tmp_path / "model.onnx").read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +78,35 @@ def finetuned_template(tiny_raw, tiny_checkpoint, tmp_path_factory):
     return params, paths.root
 
 
+@pytest.fixture(scope="module")
+def template_onnx(finetuned_template, tmp_path_factory):
+    """The ONNX fp32 export of the template's model, made once with ``export_onnx`` (torch.onnx.export: 2 to 5 s a
+    call); each copy's model is the same, and the export stage's tests below copy this file instead."""
+    params, template = finetuned_template
+    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    finetuned = Paths(template).finetuned
+    export_onnx(load_finetuned(finetuned), AutoTokenizer.from_pretrained(finetuned), path, params.export.opset)
+    return path
+
+
 @pytest.fixture
-def finetuned(finetuned_template, tmp_path):
-    """A copy of ``finetuned_template`` for one test (made once: tokenizing and saving cost seconds a test)."""
+def finetuned(finetuned_template, template_onnx, tmp_path, monkeypatch):
+    """A copy of ``finetuned_template`` for one test (made once: tokenizing and saving cost seconds a test), whose
+    ONNX export is ``template_onnx`` (the real export of each family: test_each_family_exports_…; of the stage, in
+    a `dvc exp run`: tests/test_pipeline_e2e.py)."""
     params, template = finetuned_template
     shutil.copytree(template, tmp_path / "p")
+    monkeypatch.setattr(export, "export_onnx", lambda model, tokenizer, path, opset: shutil.copy(template_onnx, path))
     return params, Paths(tmp_path / "p")
+
+
+def test_module_names_of_onnx_nodes_and_no_local_paths(template_onnx):
+    # template_onnx: export_onnx of a tiny BERT classifier
+    modules = {module_of(n) for n in onnx.load(str(template_onnx)).graph.node if n.op_type == "MatMul"}
+    assert "bert.encoder.layer.0.attention.self.query" in modules
+    assert "bert.encoder.layer.1.output.dense" in modules
+    # No stack traces with this checkout's paths: the same model exported in another clone is the same file.
+    assert str(REPO).encode() not in template_onnx.read_bytes()
 
 
 def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
