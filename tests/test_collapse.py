@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
+from finetune import predictions
 from finetune import run as run_module
 from finetune import training
 from finetune.collapse import collapse_check, constant_baseline, end_of_run, warn_if_collapsed
 from finetune.evaluation import load_metric, score
+from finetune.predictions import evaluate_model
 from finetune.tasks import glue_task, own_task
 from finetune.training import train
-from finetune import predictions as evaluate_stage
-from finetune.predictions import evaluate_model
 from tests.helpers import force_one_class, save_collapsed_model, tiny_params
 
 MRPC, RTE = glue_task("mrpc"), glue_task("rte")
@@ -222,7 +222,7 @@ def test_evaluate_writes_the_check_of_a_collapsed_model_and_warns(tiny_project, 
 def test_evaluate_of_a_model_that_follows_the_gold_does_not_warn(tiny_project, monkeypatch, caplog):
     paths = tiny_project()
     save_collapsed_model(paths, MRPC, winner=1)  # its weights are not used: the logits follow the gold
-    monkeypatch.setattr(evaluate_stage, "evaluate_split", validation_by_epoch(set()))
+    monkeypatch.setattr(predictions, "evaluate_split", validation_by_epoch(set()))
     with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
         results = evaluate_model(tiny_params(evaluate={"splits": ["validation"]}), paths)
     assert results["validation"]["collapsed"] is False and results["validation"]["f1"] == 1.0

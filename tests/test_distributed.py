@@ -49,3 +49,10 @@ def test_two_processes_evaluate_like_one(paths):
         predictions = pd.read_csv(paths.predictions / f"{split}.csv")
         assert predictions["idx"].tolist() == list(range(examples))
         assert predictions["prediction"].tolist() == two_predictions[split]["prediction"].tolist()
+
+
+def test_the_stages_hand_over_before_importing_torch():
+    # The process that only starts `accelerate launch` imports no torch, transformers or datasets (about 4 s).
+    code = ("import sys, stages.train, stages.evaluate; "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+    assert run(python("-c", code), REPO).strip().splitlines()[-1] == "[]"

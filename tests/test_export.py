@@ -66,8 +66,6 @@ def test_each_family_exports_with_pytorch_logits_and_quantizes(family, tmp_path)
     assert (logits - expected).abs().max() < 0.05  # int8 weights of a tiny random model: close, not equal
 
 
-
-
 @pytest.fixture(scope="module")
 def finetuned_template(tiny_raw, tiny_checkpoint, tmp_path_factory):
     """A project as the export stage finds it: data/tokenized and models/finetuned (a tiny MRPC classifier)."""
@@ -154,10 +152,10 @@ def test_int8_only_keeps_no_fp32_folder_and_bf16_is_skipped_without_hardware(fin
 def test_corrupted_fp32_export_fails_naming_the_form_and_keeps_the_old_folder(finetuned, monkeypatch):
     params, paths = finetuned
     (paths.exported / "old").mkdir(parents=True)
-    real_export = export.export_onnx
+    exported = export.export_onnx  # the fixture's: template_onnx copied
 
     def corrupted(model, tokenizer, path, opset):
-        real_export(model, tokenizer, path, opset)
+        exported(model, tokenizer, path, opset)
         graph = onnx.load(str(path))
         classifier = next(t for t in graph.graph.initializer if "classifier.weight" in t.name)
         values = onnx.numpy_helper.to_array(classifier) * 1.5

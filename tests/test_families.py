@@ -18,11 +18,11 @@ from transformers import AutoModel, AutoModelForSequenceClassification, AutoToke
 from finetune.batches import make_collator
 from finetune.errors import CheckpointError
 from finetune.modeling import MeanPooledForSequenceClassification, encoder_class, load_classifier
+from finetune.predictions import evaluate_model
 from finetune.tasks import glue_task
 from finetune.training import train
 from stages.collate_check import check_all
 from stages.download import download_checkpoint
-from finetune.predictions import evaluate_model
 from tests.helpers import FAMILIES, make_family_checkpoint, make_project, make_raw, reset_accelerate, tiny_params
 from tools.predict import predict
 

@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, pipeline
 
 from finetune.modeling import MeanPooledForSequenceClassification, load_classifier
+from finetune.predictions import evaluate_model
 from finetune.tasks import glue_task
 from finetune.training import train
 from stages.download import download_checkpoint
-from finetune.predictions import evaluate_model
 from tests.helpers import make_project, reset_accelerate, tiny_params
 from tools.predict import predict
 

@@ -54,7 +54,9 @@ def outcome(project: Path) -> tuple[dict, dict, dict]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(project_template, tmp_path_factory):
-    """The run never interrupted, trained in this process (the train stage's ``train``, one torch import less)."""
+    """The run never interrupted, trained in this process (the train stage's ``train``, one torch import less). It
+    must equal the resumed subprocess runs bit for bit: one CPU thread (``train.num_threads``), seeded, and this file
+    starts first on its worker (``tests/conftest.py``), before other tests' torch state."""
     project = tmp_path_factory.mktemp("uninterrupted") / "p"
     shutil.copytree(project_template, project)
     paths = Paths(project)

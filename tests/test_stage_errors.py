@@ -10,7 +10,7 @@ from importlib import import_module
 import pytest
 
 from finetune.runtime import run_stage
-from tests.helpers import make_project, python, run, tiny_params, write_hub_folder
+from tests.helpers import REPO, make_project, python, run, tiny_params, write_hub_folder
 
 
 @pytest.fixture
@@ -60,3 +60,10 @@ def test_a_bug_keeps_its_traceback(tmp_path, stage_in):
     project = make_project(tmp_path / "p", tiny_params())
     with pytest.raises(OSError):
         stage_in(project.root, "tokenize")
+
+
+def test_every_stage_command_runs_its_main_through_run_stage():
+    # The tests above run a stage's main through run_stage in this process; `python -m stages.<name>` must do the same.
+    for script in sorted((REPO / "stages").glob("*.py")):
+        if script.name != "__init__.py":
+            assert script.read_text().rstrip().endswith('if __name__ == "__main__":\n    run_stage(main)'), script.name

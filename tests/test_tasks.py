@@ -13,10 +13,10 @@ from transformers import AutoModelForSequenceClassification, pipeline
 
 from finetune.errors import ParamsError
 from finetune.evaluation import load_metric
+from finetune.predictions import evaluate_model
 from finetune.tasks import GLUE_TASKS, glue_task, own_task
 from finetune.training import train
 from stages.download import download_dataset
-from finetune.predictions import evaluate_model
 from stages.tokenize import tokenize_splits
 from tests.helpers import make_split, own_frame, reset_accelerate, tiny_params, write_hub_folder, write_own_file
 from tools.predict import predict

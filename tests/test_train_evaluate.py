@@ -12,9 +12,9 @@ from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoModelForSequenceClassification, pipeline
 
 from finetune.evaluation import load_metric
+from finetune.predictions import evaluate_model
 from finetune.tasks import glue_task
 from finetune.training import train
-from finetune.predictions import evaluate_model
 from tests.helpers import make_project, reset_accelerate, tiny_params
 
 MRPC = glue_task("mrpc")
@@ -99,14 +99,14 @@ def test_evaluate_writes_metrics_predictions_and_plots(finetuned, tiny_raw):
 def test_predictions_written_in_chunks_equal_one_table(tiny_raw, tmp_path, monkeypatch):
     import torch
 
+    from finetune import predictions
     from finetune.tasks import glue_task
-    from finetune import predictions as evaluate
 
     task, split = glue_task("mrpc"), tiny_raw["validation"]  # 21 rows
     logits = torch.randn(len(split), 2, generator=torch.Generator().manual_seed(0))
-    evaluate.prediction_table(split, logits, task).to_csv(tmp_path / "whole.csv", index=False)
-    monkeypatch.setattr(evaluate, "CHUNK_ROWS", 8)  # 8 + 8 + 5
-    evaluate.write_predictions(split, logits, task, tmp_path / "chunks.csv")
+    predictions.prediction_table(split, logits, task).to_csv(tmp_path / "whole.csv", index=False)
+    monkeypatch.setattr(predictions, "CHUNK_ROWS", 8)  # 8 + 8 + 5
+    predictions.write_predictions(split, logits, task, tmp_path / "chunks.csv")
     assert (tmp_path / "chunks.csv").read_bytes() == (tmp_path / "whole.csv").read_bytes()
 
 
@@ -155,13 +155,13 @@ def test_an_interrupted_tokenize_leaves_the_previous_output_and_no_scratch(tiny_
 
 
 def test_an_interrupted_evaluate_leaves_the_previous_predictions(finetuned, monkeypatch):
-    from finetune import predictions as evaluate
+    from finetune import predictions
 
     paths, _ = finetuned
     params = tiny_params(evaluate={"splits": ["validation", "test"]})
     evaluate_model(params, paths)
     before = {f.name: f.read_bytes() for f in paths.predictions.iterdir()}
-    interrupt_after_first_write(monkeypatch, evaluate, "write_predictions")  # validation.csv written, then stopped
+    interrupt_after_first_write(monkeypatch, predictions, "write_predictions")  # validation.csv written, then stopped
     with pytest.raises(KeyboardInterrupt):
         evaluate_model(params, paths)
     assert {f.name: f.read_bytes() for f in paths.predictions.iterdir()} == before
@@ -171,7 +171,7 @@ def test_an_interrupted_evaluate_leaves_the_previous_predictions(finetuned, monk
 def test_one_model_one_validation_score_under_bf16(tiny_project, monkeypatch):
     # Issue 41: training validates under train.mixed_precision; the evaluate stage runs in the same precision, so the
     # kept evaluation's score in train.json is eval.json's (before, evaluate ran in fp32 and the two differed).
-    from finetune import predictions as evaluate_stage
+    from finetune import predictions
 
     params = tiny_params(train={"mixed_precision": "bf16", "keep_best": True, "epochs": 2},
                          evaluate={"sort_by_length": True, "splits": ["validation"]})
@@ -179,8 +179,8 @@ def test_one_model_one_validation_score_under_bf16(tiny_project, monkeypatch):
     metrics = train(params, paths)
     reset_accelerate()
     assert metrics["mixed_precision"] == "bf16"
-    made, make = [], evaluate_stage.make_accelerator
-    monkeypatch.setattr(evaluate_stage, "make_accelerator", lambda **kw: made.append(kw) or make(**kw))
+    made, make = [], predictions.make_accelerator
+    monkeypatch.setattr(predictions, "make_accelerator", lambda **kw: made.append(kw) or make(**kw))
     validation = evaluate_model(params, paths)["validation"]
     assert made == [{"mixed_precision": "bf16"}]  # the precision training ran in
     assert metrics["best_validation_f1"] == round(validation["f1"], 4)

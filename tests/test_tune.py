@@ -101,8 +101,8 @@ def test_workers_starting_together_on_a_new_database_all_connect(tmp_path, monke
     # without the retry, most of 4 threads opening a new SQLite file at once fail with "table studies already exists"
     import tools.tune
 
-    real_sleep = time.sleep
-    monkeypatch.setattr(tools.tune, "time", SimpleNamespace(sleep=lambda s: real_sleep(s / 10)))  # 0.1-0.2 s waits
+    real_sleep = time.sleep  # the retry's 1 to 2 s waits a tenth as long, ten times as many tries: the same window
+    monkeypatch.setattr(tools.tune, "time", SimpleNamespace(sleep=lambda s: real_sleep(s / 10)))
     errors = []
     for i in range(3):
         args = argparse.Namespace(storage=f"sqlite:///{tmp_path / f'new{i}.db'}", heartbeat=60, grace=180)
@@ -111,7 +111,7 @@ def test_workers_starting_together_on_a_new_database_all_connect(tmp_path, monke
         def open_it():
             barrier.wait()
             try:
-                connect(args)
+                connect(args, attempts=50)
             except Exception as err:  # noqa: BLE001 - collected and shown by the assert
                 errors.append(repr(err))
 
