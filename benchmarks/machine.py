@@ -31,19 +31,24 @@ def machine() -> dict:
 
 # ---------------------------------------------------------------- machine ceiling
 
-def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
-    """Dense ``[n, n] @ [n, n]`` throughput in GFLOP/s (2 n^3 FLOPs per product), best of ``repeats``."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
+def best_seconds(call, repeats: int) -> float:
+    """The shortest of ``repeats`` timed calls of ``call()`` in seconds, after one untimed call (GPU work waited for)."""
+    call()
     best = float("inf")
     for _ in range(repeats):
         sync()
         start = time.perf_counter()
-        a @ b
+        call()
         sync()
         best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+    return best
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """Dense ``[n, n] @ [n, n]`` throughput in GFLOP/s (2 n^3 FLOPs per product), best of ``repeats``."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n**3 / best_seconds(lambda: a @ b, repeats) / 1e9
 
 
 def int8_gops(n: int = 2048, repeats: int = 10) -> float:
@@ -63,13 +68,7 @@ def int8_gops(n: int = 2048, repeats: int = 10) -> float:
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feed = {"a": np.random.randint(0, 255, (n, n), dtype=np.uint8),
             "b": np.random.randint(-127, 127, (n, n), dtype=np.int8)}
-    session.run(None, feed)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        session.run(None, feed)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e9
+    return 2 * n**3 / best_seconds(lambda: session.run(None, feed), repeats) / 1e9
 
 
 def measure_ceiling() -> dict:

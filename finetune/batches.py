@@ -73,6 +73,11 @@ def eval_dataloader(ds: Dataset, collator: PairCollator, batch_size: int) -> Dat
     return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator, generator=torch.Generator())
 
 
+def length_order(ds: Dataset) -> np.ndarray:
+    """Row indices ``[examples]``, shortest first (stable): ``ds.select(order)`` batches with little padding."""
+    return np.argsort(np.asarray(token_lengths(ds)), kind="stable")
+
+
 def evaluation_batches(ds: Dataset, collator: PairCollator,
                        p: EvaluateParams) -> tuple[DataLoader, np.ndarray | None]:
     """The evaluation DataLoader of one tokenized split and the row order it follows.
@@ -83,7 +88,7 @@ def evaluation_batches(ds: Dataset, collator: PairCollator,
     """
     if not p.sort_by_length:
         return eval_dataloader(ds, collator, p.batch_size), None
-    order = np.argsort(np.asarray(token_lengths(ds)), kind="stable")
+    order = length_order(ds)
     return eval_dataloader(ds.select(order), collator, p.batch_size), order
 
 

@@ -134,13 +134,12 @@ def form_speed(classifier, rows: Dataset, collator: PairCollator) -> dict:
 
     Tokenizing and Python's per-call overhead come on top for a server; ``benchmarks/serve.py`` times both from text.
     """
-    from finetune.batches import eval_dataloader
-    from finetune.tokenization import token_lengths
+    from finetune.batches import eval_dataloader, length_order
 
     rows = rows.select(range(min(len(rows), SPEED_ROWS)))
     rows = rows.remove_columns([c for c in rows.column_names if c not in ("input_ids", "attention_mask",
                                                                           "token_type_ids")])
-    by_length = rows.select(np.argsort(token_lengths(rows), kind="stable"))
+    by_length = rows.select(length_order(rows))
     singles = eval_dataloader(rows.select(range(min(len(rows), LATENCY_ROWS))), collator, 1)
     batches = eval_dataloader(by_length, collator, 32)
 
