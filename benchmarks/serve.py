@@ -247,6 +247,7 @@ def main() -> None:
         return
     if problem := check_workspace():
         raise SystemExit(f"ERROR: python -m benchmarks.serve: {problem}")
+    base_tuned = fine_tuned(args.base) if args.base else False  # refuses another task's model before any timing
     import onnxruntime
 
     paths = Paths()
@@ -264,7 +265,7 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "benchmarks.serve", "--base", args.base, "--export-to", tmp],
                            check=True)
             rows += bench_model(args.base.split("/")[-1], folder, folder / "exported", pairs, labels,
-                                args.latency_pairs, tuned=fine_tuned(args.base), ceilings=ceilings)
+                                args.latency_pairs, tuned=base_tuned, ceilings=ceilings)
     info = machine()
     command = "python -m benchmarks.serve" + (f" --base {args.base}" if args.base else "")
     (args.out_dir / "serve.json").write_text(json.dumps({"machine": info, "ceilings": ceilings, "rows": rows},

@@ -87,3 +87,16 @@ def test_data_raw_of_another_task_is_refused_and_mrpc_passes(tmp_path, monkeypat
                                  "`dvc repro download`")
     glue_task("mrpc").save(tmp_path / "data/raw")
     assert check_workspace() is None
+
+
+def test_serve_base_of_another_task_is_refused_before_any_timing(tmp_path):
+    from benchmarks.serve import fine_tuned
+
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    assert fine_tuned(str(folder)) is False  # no task.json: a pretrained checkpoint, scored by agreement only
+    glue_task("mrpc").save(folder)
+    assert fine_tuned(str(folder)) is True
+    glue_task("rte").save(folder)
+    with pytest.raises(SystemExit, match=f"--base {folder} is fine-tuned on 'rte'"):
+        fine_tuned(str(folder))
