@@ -13,7 +13,7 @@ def check_workspace() -> str | None:
     """Why this workspace can't be benchmarked, in one line, or None: every way trains and scores GLUE MRPC (the
     course's task), from data/raw and with params.yaml's data section, so both must be MRPC's."""
     from finetune.errors import ParamsError
-    from finetune.tasks import Task
+    from finetune.tasks import TASK_FILE, Task
 
     try:
         data = load_params().data
@@ -24,10 +24,9 @@ def check_workspace() -> str | None:
                "experiment), then `dvc repro download`")
     if data.glue_task != "mrpc":
         return f"the benchmark runs on GLUE MRPC, but params.yaml's data is {where}: {restore}"
-    try:
-        raw_task = Task.load(RAW_DIR).name
-    except FileNotFoundError:
+    if not (RAW_DIR / TASK_FILE).is_file():
         return f"{RAW_DIR}/task.json not found: run `dvc repro download` first"
+    raw_task = Task.load(RAW_DIR).name
     if raw_task != "mrpc":
         return f"the benchmark runs on GLUE MRPC, but {RAW_DIR} holds task {raw_task!r}: run `dvc repro download`"
     return None

@@ -19,8 +19,9 @@ def checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, 
     and idx obey the rules. Train and validation need ``label_column``; a test split may lack it (unlabeled).
 
     Raises:
-        DataError: a column is missing, the split is empty, a text is empty (``check_text``) or an idx is repeated;
-            naming ``where``, the split and, for a row's fault, the row.
+        DataError: a column is missing, the split is empty, a text is empty or not a single value (``clean_texts``),
+            a label is a list or mapping, or an idx is repeated; naming ``where``, the split and, for a row's fault,
+            the row.
     """
     missing = [c for c in text_columns if c not in ds.column_names]
     if split in ("train", "validation") and label_column not in ds.column_names:
@@ -30,7 +31,8 @@ def checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, 
     if len(ds) == 0:
         raise DataError(f"{where}: split {split!r} is empty")
     df = _frame(ds, text_columns, label_column)
-    check_text(df, text_columns, where, split)
+    clean_texts(df, text_columns, where, split)
+    _check_plain(df, "label", where, split)
     _check_idx(df, where, split)
     return df
 
@@ -54,18 +56,43 @@ def row_name(where: str, split: str, df: pd.DataFrame, row: int) -> str:
     return f"{where}: split {split!r} row idx={df['idx'].iat[row]}"
 
 
-def check_text(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, split: str) -> None:
-    """Every text of ``df``'s ``text_columns`` must be non-empty (not null, not only whitespace).
+def clean_texts(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, split: str) -> pd.DataFrame:
+    """``df`` with each of ``text_columns`` as ``str``, in place, once every text is a single non-empty value.
+
+    The one preparation of texts that training (the download stage), ``tools.predict`` and serving share, so that
+    they accept the same inputs: numbers become their text (``5`` -> ``"5"``); null, empty and whitespace-only
+    texts, lists and mappings are refused.
 
     Raises:
-        DataError: naming ``where``, the split, the first empty row (its idx, or its 0-based number when
+        DataError: naming ``where``, the split, the first bad row (its idx, or its 0-based number when
             ``df.attrs["numbered"]``) and the column.
     """
     for column in text_columns:
+        _check_plain(df, column, where, split)
         text = df[column]
         empty = np.flatnonzero((text.isna() | (text.astype(str).str.strip() == "")).to_numpy())
         if empty.size:
             raise DataError(f"{row_name(where, split, df, empty[0])}: empty {column} (null, empty or only whitespace)")
+        df[column] = text.astype(str)
+    return df
+
+
+def _check_plain(df: pd.DataFrame, column: str, where: str, split: str) -> None:
+    """Every value of ``column`` is a single value (text, number, bool or null), not a list or a mapping.
+
+    Raises:
+        DataError: naming the first row that holds a list or mapping; for a mapping, how to write the file instead
+            (a JSON file of columns, as pandas' ``to_json()`` writes by default, reads as one row of mappings).
+    """
+    values = df[column]
+    if values.dtype != object:
+        return
+    nested = np.flatnonzero(values.map(lambda v: isinstance(v, (dict, list, tuple, np.ndarray))).to_numpy())
+    if nested.size:
+        kind = type(values.iat[nested[0]]).__name__
+        hint = ("; a JSON file of columns (pandas' to_json() default) reads as one row of mappings: write one record "
+                "per line instead, df.to_json(path, orient='records', lines=True)") if kind == "dict" else ""
+        raise DataError(f"{row_name(where, split, df, nested[0])}: {column} holds a {kind}, not a single value{hint}")
 
 
 def _check_idx(df: pd.DataFrame, where: str, split: str) -> None:

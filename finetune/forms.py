@@ -100,6 +100,24 @@ class OpenVinoClassifier(torch.nn.Module):
         return SequenceClassifierOutput(logits=torch.from_numpy(np.array(self.compiled(feed)[0], dtype=np.float32)))
 
 
+def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
+    """The folder that holds ``form`` (its weights, tokenizer and task.json), checked without loading it:
+    ``model_dir`` for ``pytorch``, else ``exported_dir / form``.
+
+    Raises:
+        ExportError: an unknown form, or an exported form whose folder is missing (the message says how to make it).
+    """
+    if form == PYTORCH:
+        return model_dir
+    if form not in FORMS:
+        raise ExportError(f"unknown form {form!r}: one of {[PYTORCH, *FORMS]}")
+    folder = exported_dir / form
+    if not folder.is_dir():
+        raise ExportError(f"{folder}: not found; add {form} to export.forms in params.yaml and run dvc repro export "
+                          "(torch-bf16 is skipped where the hardware has no bf16: metrics/export.json says why)")
+    return folder
+
+
 def load_form(form: str, model_dir: Path,
               exported_dir: Path) -> PreTrainedModel | OnnxClassifier | OpenVinoClassifier:
     """The classifier of ``form``: ``pytorch`` (``model_dir``, fp32), or one of ``finetune.export.FORMS`` from
@@ -111,12 +129,7 @@ def load_form(form: str, model_dir: Path,
     """
     if form == PYTORCH:
         return load_finetuned(model_dir)
-    if form not in FORMS:
-        raise ExportError(f"unknown form {form!r}: one of {[PYTORCH, *FORMS]}")
-    folder = exported_dir / form
-    if not folder.is_dir():
-        raise ExportError(f"{folder}: not found; add {form} to export.forms in params.yaml and run dvc repro export "
-                          "(torch-bf16 is skipped where the hardware has no bf16: metrics/export.json says why)")
+    folder = form_folder(form, model_dir, exported_dir)
     if form == "torch-bf16":
         return load_finetuned(folder).to(torch.bfloat16)
     return OpenVinoClassifier(folder) if form in OPENVINO_FORMS else OnnxClassifier(folder)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from datasets import ClassLabel, Dataset
+from datasets import ClassLabel, Dataset, Value
 
 from finetune.checks import row_name
 from finetune.errors import DataError
@@ -56,12 +56,13 @@ def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str]) -
 
 def is_regression(train: Dataset, p: DataParams) -> bool:
     """Whether own data is a regression: not when its label is a ClassLabel; else ``p.task_type`` when set, else
-    when train's label column holds floats."""
-    if isinstance(train.features.get(p.label_column), ClassLabel):
+    when train's label column is a column of floats (mixed JSON values are not: their kinds are checked later)."""
+    feature = train.features.get(p.label_column)
+    if isinstance(feature, ClassLabel):
         return False
     if p.task_type is not None:
         return p.task_type == "regression"
-    return train.features[p.label_column].dtype.startswith("float")
+    return isinstance(feature, Value) and feature.dtype.startswith("float")
 
 
 def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,

@@ -10,6 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import DatasetDict, load_dataset, load_dataset_builder
@@ -85,9 +86,12 @@ def check_parquet_split(folder: str, config: str, split: str, files: list[str], 
         raise DataError(f"{where} is empty (no rows in {names})")
 
 
-def load_files(files: dict[str, Path]) -> DatasetDict:
+def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{split}") -> DatasetDict:
     """The user's own files, one per split, each read by datasets' packaged builder for its suffix
     (``FILE_FORMATS``: CSV, TSV, JSON / JSON Lines, Parquet) into memory.
+
+    Args:
+        origin: where the paths came from, for a missing file's message (``{split}`` is filled in).
 
     Raises:
         DataError: a file is missing, has an unknown suffix or can't be parsed; naming the file and the split.
@@ -95,7 +99,7 @@ def load_files(files: dict[str, Path]) -> DatasetDict:
     splits = {}
     for split, file in files.items():
         if not Path(file).is_file():
-            raise DataError(f"{file}: split {split!r}: file not found (params.yaml data.files.{split})")
+            raise DataError(f"{file}: split {split!r}: file not found ({origin.format(split=split)})")
         if Path(file).suffix.lower() not in FILE_FORMATS:
             raise DataError(f"{file}: split {split!r}: unknown format; use one of {', '.join(FILE_FORMATS)}")
         builder, options = FILE_FORMATS[Path(file).suffix.lower()]
@@ -106,6 +110,54 @@ def load_files(files: dict[str, Path]) -> DatasetDict:
             except LOAD_ERRORS as err:
                 raise DataError(f"{file}: split {split!r}: cannot read: {_reason(err)}") from err
     return DatasetDict(splits)
+
+
+# What ``write_table`` writes, by suffix: the formats ``load_files`` reads (JSON: a list of records).
+WRITE_FORMATS = {
+    ".csv": lambda df, file: df.to_csv(file, index=False),
+    ".tsv": lambda df, file: df.to_csv(file, sep="\t", index=False),
+    ".json": lambda df, file: df.to_json(file, orient="records", force_ascii=False),
+    ".jsonl": lambda df, file: df.to_json(file, orient="records", lines=True, force_ascii=False),
+    ".parquet": lambda df, file: df.to_parquet(file, index=False),
+}
+
+
+def check_writable(file: Path, key: str) -> None:
+    """That ``write_table`` can write ``file``: a known suffix, not a folder, its folder made and writable.
+
+    Raises:
+        DataError: naming ``key`` (e.g. ``--out``), the file and what is wrong.
+    """
+    if file.is_dir():
+        raise DataError(f"{key} {file}: is a folder; name a file in it")
+    if file.suffix.lower() not in WRITE_FORMATS:
+        raise DataError(f"{key} {file}: unknown format {file.suffix!r}; use one of {', '.join(WRITE_FORMATS)}")
+    probe = file.with_name(f".{file.name}.tmp")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise DataError(f"{key} {file}: cannot write there: {_reason(err)}") from None
+
+
+def write_table(df: pd.DataFrame, file: Path) -> None:
+    """Write ``df`` to ``file`` in the format of its suffix (``WRITE_FORMATS``), whole or not at all: to a temp file
+    beside it, renamed when complete (removed on any error, Ctrl-C included).
+
+    Raises:
+        DataError: an unknown suffix, or the file can't be written; naming the file.
+    """
+    if file.suffix.lower() not in WRITE_FORMATS:
+        raise DataError(f"{file}: unknown format {file.suffix!r}; use one of {', '.join(WRITE_FORMATS)}")
+    partial = file.with_name(f".{file.name}.tmp")
+    try:
+        WRITE_FORMATS[file.suffix.lower()](df, partial)
+        os.replace(partial, file)
+    except OSError as err:
+        raise DataError(f"{file}: cannot write: {_reason(err)}") from None
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _reason(err: BaseException) -> str:

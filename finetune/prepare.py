@@ -95,10 +95,29 @@ def _prepared(df: pd.DataFrame, labels: np.ndarray | None, text_columns: tuple[s
     return Dataset.from_dict(columns, features=Features(features))
 
 
-def carve_validation(train: Dataset, fraction: float, seed: int, stratify: bool) -> tuple[Dataset, Dataset]:
+def carve_validation(train: Dataset, fraction: float, seed: int, stratify: bool,
+                     where: str = "train") -> tuple[Dataset, Dataset]:
     """``(train, validation)``: a seeded split of ``fraction`` of train rows, stratified by label for
-    classification (``Dataset.train_test_split``), for data that has no validation split."""
-    parts = train.train_test_split(test_size=fraction, seed=seed, stratify_by_column="label" if stratify else None)
+    classification (``Dataset.train_test_split``), for data that has no validation split.
+
+    Raises:
+        DataError: a class has fewer than two train rows, or the split would leave a side without every class
+            (too few rows for ``fraction``); naming ``where`` and the params keys to change.
+    """
+    if stratify:
+        names = train.features["label"].names
+        counts = np.bincount(np.asarray(train["label"]), minlength=len(names))
+        rare = [f"{names[i]!r} ({n} row)" for i, n in enumerate(counts) if 0 < n < 2]
+        if rare:
+            raise DataError(f"{where}: split 'train': class {', '.join(rare)} has too few rows to carve a stratified "
+                            "validation split (at least 2 per class); add rows, drop the class, or give a "
+                            "validation file (params.yaml data.files.validation)")
+    try:
+        parts = train.train_test_split(test_size=fraction, seed=seed,
+                                       stratify_by_column="label" if stratify else None)
+    except ValueError as err:
+        raise DataError(f"{where}: split 'train' ({len(train)} rows): cannot carve a validation split of "
+                        f"data.validation_fraction {fraction}: {err}") from None
     return parts["train"], parts["test"]
 
 

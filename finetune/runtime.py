@@ -25,8 +25,8 @@ from finetune.errors import ParamsError, PipelineError
 def run_stage(main: Callable[[], Any]) -> None:
     """Run a stage's ``main()`` as a command: logging set up, SIGTERM unwinding like Ctrl-C, expected errors short.
 
-    A ``PipelineError`` (bad params, data, checkpoint or batch) prints its message alone and exits 1; any other
-    exception is a bug and keeps its traceback. SIGTERM (what `kill`, job schedulers and `dvc queue kill` send)
+    A ``PipelineError`` (bad params, data, checkpoint or batch) prints its message alone and exits 1; Ctrl-C
+    (KeyboardInterrupt) prints one line and exits 130; any other exception is a bug and keeps its traceback. SIGTERM (what `kill`, job schedulers and `dvc queue kill` send)
     raises SystemExit, so the temp outputs of ``atomic_dir`` and ``write_json`` are removed, not left behind.
     """
     setup_logging()
@@ -36,6 +36,13 @@ def run_stage(main: Callable[[], Any]) -> None:
         main()
     except PipelineError as err:
         sys.exit(f"ERROR: {err}")
+    except KeyboardInterrupt:
+        print(f"{INTERRUPTED}: outputs are written whole or not at all, so nothing half-written is left",
+              file=sys.stderr)
+        sys.exit(130)
+
+
+INTERRUPTED = "interrupted (Ctrl-C)"
 
 
 LAUNCHED = "FINETUNE_ACCELERATE_LAUNCHED"  # set in the processes `accelerate launch` started for a stage

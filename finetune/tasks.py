@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from finetune.errors import CheckpointError
+
 TASK_FILE = "task.json"  # in data/raw, data/tokenized and models/finetuned
 
 
@@ -101,12 +103,20 @@ class Task:
         """The task saved in ``folder/task.json`` (by ``save``).
 
         Raises:
-            FileNotFoundError: ``folder`` holds no task.json (data prepared by an older version: rerun download).
+            CheckpointError: ``folder`` holds no task.json, or one that can't be read; naming the file. Fine-tuned
+                model folders (the train stage's, the export stage's forms) and prepared data have one.
         """
-        raw = json.loads((Path(folder) / TASK_FILE).read_text())
-        return cls(**{**raw, "text_columns": tuple(raw["text_columns"]),
-                      "label_names": tuple(raw["label_names"]) if raw["label_names"] is not None else None,
-                      "metrics": tuple(raw["metrics"])})
+        file = Path(folder) / TASK_FILE
+        if not file.is_file():
+            raise CheckpointError(f"{file}: not found; {folder} is not a fine-tuned model folder (models/finetuned, "
+                                  "or a form in models/exported) or prepared data (data/raw)")
+        try:
+            raw = json.loads(file.read_text())
+            return cls(**{**raw, "text_columns": tuple(raw["text_columns"]),
+                          "label_names": tuple(raw["label_names"]) if raw["label_names"] is not None else None,
+                          "metrics": tuple(raw["metrics"])})
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{file}: cannot read the task: {type(err).__name__}: {err}") from None
 
 
 def glue_task(config: str) -> Task:

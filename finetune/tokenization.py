@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 from datasets import Dataset, DatasetDict
-from transformers import PreTrainedTokenizerBase
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+from finetune.errors import ParamsError
+
 
 def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None,
              text_columns: tuple[str, ...], cache_dir: Path | None = None,
@@ -59,9 +62,39 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
                         for split, ds in tokenized.items()})
 
 
-def truncation_length(tokenizer: PreTrainedTokenizerBase, max_length: int | None) -> int:
-    """The truncation length in tokens: ``tokenize.max_length``, or (null) the tokenizer's ``model_max_length``."""
-    return max_length or tokenizer.model_max_length
+# Families whose position ids start after the padding index (RoBERTa's embeddings): max_position_embeddings less
+# pad_token_id + 1 positions are left for tokens.
+PADDING_OFFSET_FAMILIES = ("roberta", "xlm-roberta", "camembert", "mpnet", "data2vec-text")
+
+
+def position_limit(config: PretrainedConfig) -> int | None:
+    """The most tokens, special tokens included, that the encoder of ``config`` has absolute positions for:
+    ``max_position_embeddings`` (less the padding offset of RoBERTa-style embeddings); None where positions are
+    relative only (DeBERTa-v2 without ``position_biased_input``) or the config names none."""
+    if config.model_type == "deberta-v2" and not getattr(config, "position_biased_input", True):
+        return None
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        return None
+    if config.model_type in PADDING_OFFSET_FAMILIES:
+        positions -= (config.pad_token_id or 0) + 1
+    return positions
+
+
+def truncation_length(tokenizer: PreTrainedTokenizerBase, max_length: int | None, limit: int | None = None,
+                      key: str = "params.yaml: tokenize.max_length") -> int:
+    """The truncation length in tokens: ``max_length`` (``tokenize.max_length``), or when None the tokenizer's
+    ``model_max_length``, at most ``limit`` (``position_limit``) where the tokenizer sets none.
+
+    Raises:
+        ParamsError: ``max_length`` is above ``limit``; naming ``key`` and the limit.
+    """
+    if max_length is not None and limit is not None and max_length > limit:
+        raise ParamsError(f"{key}: {max_length} is more than the model's {limit} positions (max_position_embeddings "
+                          "in its config.json); use at most that, or none for the model's own length")
+    if max_length is not None:
+        return max_length
+    return min(tokenizer.model_max_length, limit) if limit is not None else tokenizer.model_max_length
 
 
 def length_stats(ds: Dataset, max_length: int) -> dict:

@@ -49,7 +49,7 @@ def download_dataset(p: DataParams, out_dir: Path) -> dict:
     carved = None
     if "validation" not in raw:
         train, validation = carve_validation(raw["train"], p.validation_fraction, p.split_seed,
-                                             stratify=not task.is_regression)
+                                             stratify=not task.is_regression, where=where["train"])
         raw = DatasetDict({"train": train, "validation": validation, **{s: d for s, d in raw.items() if s != "train"}})
         carved = {"from": "train", "fraction": p.validation_fraction, "seed": p.split_seed,
                   "stratified": not task.is_regression, "rows": len(validation)}

@@ -11,22 +11,28 @@ import tempfile
 from pathlib import Path
 
 from datasets import load_from_disk
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from finetune.params import Params, load_params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir, run_stage, write_json
 from finetune.tasks import Task
-from finetune.tokenization import length_stats, tokenize, truncation_length
+from finetune.tokenization import length_stats, position_limit, tokenize, truncation_length
 
 log = logging.getLogger(__name__)
 
 
 def tokenize_splits(params: Params, paths: Paths) -> dict:
-    """Tokenize every split of ``paths.raw`` into ``paths.tokenized``; return token-length stats per split."""
+    """Tokenize every split of ``paths.raw`` into ``paths.tokenized``; return token-length stats per split.
+
+    Raises:
+        ParamsError: ``tokenize.max_length`` is above the checkpoint's positions (``position_limit``); nothing is
+            written.
+    """
     tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
     task = Task.load(paths.raw)
-    max_length = truncation_length(tokenizer, params.tokenize.max_length)
+    limit = position_limit(AutoConfig.from_pretrained(paths.pretrained))
+    max_length = truncation_length(tokenizer, params.tokenize.max_length, limit)
     log.info("Tokenizing %s (%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
              type(tokenizer).__name__, max_length)
     # the rows go to memory-mapped Arrow files in a scratch folder (memory does not grow with them), then are saved;

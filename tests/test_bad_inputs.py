@@ -4,6 +4,7 @@ Each bad dataset is the good tiny one with one change, written as a folder laid 
 and loaded the way the download stage loads it (``download_dataset``).
 """
 
+import json
 import shutil
 from pathlib import Path
 
@@ -207,6 +208,22 @@ BAD_OWN_FILES = [
      "data/own/train.json: split 'train': cannot read: "),
     ("positive-label-not-a-label", lambda: _own_good(), {"positive_label": "maybe"},
      "data/own/train.csv: data.positive_label: 'maybe' is not a label of the data ['no', 'yes']"),
+    ("labels-mixing-strings-and-numbers-in-jsonl", lambda: {"train": ("train.jsonl", "".join(
+        f'{{"question": "q{i}?", "answer": "a{i}", "verdict": {v}}}\n' for i, v in enumerate(['"1"', "1", '"yes"'])))},
+     {}, "data/own/train.jsonl: split 'train' row 2: label 'yes' is a string, but split 'train' has integer labels; "
+         "labels must be of one type"),
+    ("json-of-columns", lambda: {"train": ("train.json", _own_good()["train"].to_json())}, {},
+     "data/own/train.json: split 'train' row 0: question holds a dict, not a single value; a JSON file of columns "
+     "(pandas' to_json() default) reads as one row of mappings: write one record per line instead"),
+    ("a-list-as-text", lambda: {"train": ("train.jsonl", '{"question": ["a", "b"], "answer": "c", "verdict": "yes"}\n'
+                                                         '{"question": "d", "answer": "e", "verdict": "no"}\n')},
+     {}, "data/own/train.jsonl: split 'train' row 0: question holds a list, not a single value"),
+    ("a-class-of-one-row-and-no-validation-file", lambda: {"train": _cell(_own_good()["train"], 3, "verdict", "maybe")},
+     {}, "data/own/train.csv: split 'train': class 'maybe' (1 row) has too few rows to carve a stratified validation "
+         "split (at least 2 per class); add rows, drop the class, or give a validation file"),
+    ("too-few-rows-for-the-validation-fraction", lambda: {"train": _own_good()["train"].head(4)},
+     {"validation_fraction": 0.1}, "data/own/train.csv: split 'train' (4 rows): cannot carve a validation split of "
+                                   "data.validation_fraction 0.1: "),
 ]
 
 
@@ -222,6 +239,18 @@ def test_bad_own_file_is_named_in_one_line(tmp_path, monkeypatch, frames, data, 
 
 def test_the_good_own_files_load(tmp_path, monkeypatch):
     assert _own(tmp_path, monkeypatch, _own_good())["splits"]["train"]["rows"] == 30
+
+
+def test_numbers_as_texts_are_read_as_text(tmp_path, monkeypatch):
+    from datasets import load_from_disk
+
+    rows = [{"question": f"q{i}?", "answer": i if i % 3 else f"a{i}", "verdict": "yes" if i % 2 else "no"}
+            for i in range(12)]
+    frames = {"train": ("train.jsonl", "".join(json.dumps(row) + "\n" for row in rows))}
+    _own(tmp_path, monkeypatch, frames)
+    raw = load_from_disk(str(tmp_path / "data" / "raw"))
+    answers = list(raw["train"]["answer"]) + list(raw["validation"]["answer"])
+    assert all(isinstance(a, str) for a in answers) and "4" in answers and "a3" in answers
 
 
 # Checkpoints. tiny_checkpoint: a 2-layer BertModel (no head) saved with the real tokenizer.

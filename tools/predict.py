@@ -14,24 +14,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from transformers import AutoTokenizer
+from datasets import Dataset
+from transformers import AutoConfig, AutoTokenizer
 
 from finetune.batches import evaluation_loader
-from finetune.checks import check_text
-from finetune.errors import DataError, PipelineError
+from finetune.checks import clean_texts
+from finetune.errors import DataError
 from finetune.evaluation import evaluate_split, with_predictions
-from finetune.loading import load_files
-from finetune.forms import PYTORCH, load_form
+from finetune.forms import PYTORCH, form_folder, load_form
+from finetune.loading import WRITE_FORMATS, check_writable, load_files, write_table
 from finetune.params import EvaluateParams
-from finetune.runtime import make_accelerator, set_cpu_threads, setup_logging
+from finetune.runtime import make_accelerator, run_stage, set_cpu_threads
 from finetune.tasks import Task
-from finetune.tokenization import tokenize
+from finetune.tokenization import position_limit, tokenize, truncation_length
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +41,30 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     ``probability_<name>`` per class, in the file's order, by the model of ``form``: ``pytorch`` (``model_dir``) or
     a served form in ``exported_dir`` (finetune/forms.py).
 
-    Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order.
+    Texts are prepared as for training (``finetune.checks.clean_texts``: numbers become text; empty ones are
+    refused). Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order.
+    Everything is checked before the model is loaded.
+
+    Args:
+        batch_size: rows per forward pass, at least 1.
+        max_length: truncation in tokens, at most the model's positions; None: the model's own length.
 
     Raises:
-        CheckpointError: ``model_dir`` lacks config, weights or tokenizer.
-        ExportError: an unknown form, one not exported, or ONNX Runtime missing.
+        ValueError: ``batch_size`` is below 1.
+        ExportError: an unknown form, one not exported, or its runtime missing.
+        CheckpointError: the model folder lacks task.json, config, weights or tokenizer.
+        ParamsError: ``max_length`` is above the model's positions.
         DataError: the file can't be read, has no rows, lacks a text column (the message lists those it has), or
-            has an empty text; naming the file and the row.
+            has an empty or nested text; naming the file and the row.
     """
-    set_cpu_threads(None)
-    model = load_form(form, model_dir, exported_dir)
-    model_dir = model_dir if form == PYTORCH else exported_dir / form  # the form's own tokenizer and task.json
-    task = Task.load(model_dir)
-    data = load_files({"input": input_file})["input"]
+    evaluation = EvaluateParams(batch_size=batch_size, sort_by_length=True, splits=["test"])
+    folder = form_folder(form, model_dir, exported_dir)  # the form's own tokenizer and task.json
+    task = Task.load(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    limit = position_limit(AutoConfig.from_pretrained(folder)) if (folder / "config.json").is_file() else None
+    max_length = truncation_length(tokenizer, max_length, limit, key="--max-length")
+
+    data = load_files({"input": input_file}, origin="the input file argument")["input"]
     if len(data) == 0:
         raise DataError(f"{input_file}: no rows to predict")
     missing = [c for c in task.text_columns if c not in data.column_names]
@@ -62,17 +72,29 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
         raise DataError(f"{input_file}: lacks column(s) {missing} that the model reads; has {data.column_names}")
     rows = data.to_pandas()
     rows.attrs["numbered"] = True  # errors name the row's number in the file
-    check_text(rows, task.text_columns, str(input_file), "input")
-    text = data.select_columns(list(task.text_columns)).add_column("idx", list(range(len(data))))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenized = tokenize({"input": text}, tokenizer, max_length or tokenizer.model_max_length, task.text_columns)
+    clean_texts(rows, task.text_columns, str(input_file), "input")
+    text = Dataset.from_dict({**{c: rows[c].tolist() for c in task.text_columns}, "idx": list(range(len(rows)))})
+
+    set_cpu_threads(None)
+    model = load_form(form, model_dir, exported_dir)
+    tokenized = tokenize({"input": text}, tokenizer, max_length, task.text_columns)
     accelerator = make_accelerator()
     if form in (PYTORCH, "torch-bf16"):  # an ONNX Runtime session runs on the CPU as it is
         model = accelerator.prepare(model)
-    loader, order = evaluation_loader(tokenized["input"], tokenizer, EvaluateParams(
-        batch_size=batch_size, sort_by_length=True, splits=["test"]))
+    loader, order = evaluation_loader(tokenized["input"], tokenizer, evaluation)
     _, logits = evaluate_split(model, accelerator.prepare(loader), accelerator, task, None, desc="predict")
     return with_predictions(rows, logits[np.argsort(order)], task)
+
+
+def positive_int(value: str) -> int:
+    """argparse's type for counts: an integer of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,20 +105,23 @@ def main(argv: list[str] | None = None) -> None:
                         "stage made: onnx-fp32, onnx-int8, torch-bf16, openvino-fp32, openvino-bf16, "
                         "openvino-int8 (docs/serving.md)")
     parser.add_argument("--exported", type=Path, default=Path("models/exported"), help="the export stage's folder")
-    parser.add_argument("--out", type=Path, default=Path("predictions.csv"), help="CSV to write")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-length", type=int, default=None, help="truncation in tokens (default: the model's)")
+    parser.add_argument("--out", type=Path, default=Path("predictions.csv"),
+                        help=f"file to write, in the format of its suffix: {', '.join(WRITE_FORMATS)}")
+    parser.add_argument("--overwrite-input", action="store_true", help="allow --out to be the input file")
+    parser.add_argument("--batch-size", type=positive_int, default=64)
+    parser.add_argument("--max-length", type=positive_int, default=None,
+                        help="truncation in tokens (default: the model's)")
     args = parser.parse_args(argv)
-    setup_logging()
-    try:
+
+    def run() -> None:
+        if args.out.resolve() == args.input.resolve() and not args.overwrite_input:
+            raise DataError(f"--out {args.out} is the input file; choose another --out, or pass --overwrite-input")
+        check_writable(args.out, "--out")  # before any work: a bad path costs nothing
         table = predict(args.input, args.model, args.batch_size, args.max_length, args.form, args.exported)
-    except PipelineError as err:
-        sys.exit(f"ERROR: {err}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_name(f".{args.out.name}.tmp")  # renamed when complete: never a half-written file
-    table.to_csv(partial, index=False)
-    os.replace(partial, args.out)
-    log.info("Wrote %d predictions to %s", len(table), args.out)
+        write_table(table, args.out)
+        log.info("Wrote %d predictions to %s", len(table), args.out)
+
+    run_stage(run)
 
 
 if __name__ == "__main__":
