@@ -142,8 +142,7 @@ def form_speed(classifier, rows: Dataset, collator: PairCollator) -> dict:
     - ``batch_1_p50_ms``: the median milliseconds of one row, over the first ``LATENCY_ROWS`` rows one at a time;
     - ``batch_32_rows_per_s``: rows per second in batches of 32, sorted by length as ``tools.predict`` batches them.
 
-    Both after one untimed pass over the same batches: OpenVINO's first call of each shape compiles it (its batch 1
-    median went from 12.5 ms to 5.3 ms on the second pass in docs/results.md's run).
+    Both after one untimed pass over the same batches: OpenVINO compiles each new input shape on its first call.
 
     Tokenizing and Python's per-call overhead come on top for a server; ``benchmarks/serve.py`` times both from text.
     """

@@ -54,7 +54,7 @@ def launch_if_distributed(module: str, accelerate_config: str | Path) -> None:
     MULTI_GPU, DEEPSPEED or FSDP); return at once otherwise, and in the processes a launcher started.
 
     One process runs the stage as it is: starting it through `accelerate launch` would only cost another Python
-    start that imports torch (about 4.5 s a stage; docs/results.md). The config's fields are accelerate's
+    start that imports torch. The config's fields are accelerate's
     (https://huggingface.co/docs/accelerate/package_reference/cli#accelerate-launch).
     """
     config = yaml_reader().load(Path(accelerate_config).read_text()) or {}

@@ -108,9 +108,8 @@ def export_model(params: Params, paths: Paths) -> dict:
 def time_forms(results: dict, classifiers: dict, tokenized: DatasetDict, tokenizer) -> dict:
     """Time each of ``classifiers`` (PyTorch and the forms at parity: without a ``warning``, and only fp32 ones when no
     split has labels) on the tokenized validation split (``finetune.forms.form_speed``; train where there is none),
-    adding its ``speed`` to ``results``. They run in the process that exported: benchmarks/serve.py saw eager PyTorch
-    run 3x slower at batch 1 after ``torch.export`` in one run, but the committed run's PyTorch times are close to
-    the benchmark's (docs/results.md).
+    adding its ``speed`` to ``results``, in the process that exported (``benchmarks/serve.py`` times the forms in a
+    fresh process, from text).
 
     Returns:
         ``fastest_at_parity``: this machine, and the fastest form at batch 1 and at batch 32.
