@@ -13,7 +13,6 @@ import torch
 from benchmarks.machine import sync
 from benchmarks.workspace import PRETRAINED_DIR, RAW_DIR
 
-
 # ---------------------------------------------------------------- the course's loop
 
 def course_dataloaders() -> tuple:
@@ -108,8 +107,13 @@ def course_loop(max_steps: int | None) -> dict:
 def trainer(max_steps: int | None) -> dict:
     """transformers.Trainer with the course's settings: batch 8, lr 5e-5, linear, no warmup, 3 epochs, fp32."""
     from datasets import load_from_disk
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                              TrainingArguments)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
 
     from finetune.evaluation import load_metric
     from finetune.tasks import glue_task
@@ -132,7 +136,8 @@ def trainer(max_steps: int | None) -> dict:
                                  lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0, seed=42,
                                  save_strategy="no", eval_strategy="no", report_to=[], logging_steps=50,
                                  use_cpu=not torch.cuda.is_available())
-        run = Trainer(model=model, args=args, train_dataset=tokenized["train"], data_collator=DataCollatorWithPadding(tokenizer),
+        run = Trainer(model=model, args=args, train_dataset=tokenized["train"],
+                      data_collator=DataCollatorWithPadding(tokenizer),
                       compute_metrics=compute_metrics, processing_class=tokenizer)
         train_start = time.perf_counter()
         output = run.train()

@@ -62,9 +62,11 @@ def checkpoints_report(records: list[dict], max_steps: int | None, ceiling: dict
              f"{info['bf16_flags'] or 'no bf16 instructions'}", "",
              f"Settings, the same for each: `{json.dumps(records[0]['settings'])}`", "",
              markdown_table(["checkpoint", "type", "layers × hidden", "parameters", "train s", "train samples/s",
-                             "peak RSS MB", "GFLOP/s", "FLOPs per sample, expected ratio", "time per sample, measured ratio"],
+                             "peak RSS MB", "GFLOP/s", "FLOPs per sample, expected ratio",
+                             "time per sample, measured ratio"],
                             [[r["checkpoint"], r["model_type"], f"{r['layers']} × {r['hidden']}",
-                              f"{r['parameters'] / 1e6:.1f} M", f"{r['train_seconds']:.0f}", f"{r['samples_per_s']:.1f}",
+                              f"{r['parameters'] / 1e6:.1f} M", f"{r['train_seconds']:.0f}",
+                              f"{r['samples_per_s']:.1f}",
                               f"{r['peak_rss_mb']:.0f}", f"{r['train_gflops']:.0f}", f"{r['expected_flops_ratio']:.2f}",
                               f"{r['measured_time_ratio']:.2f}"] for r in records]).rstrip(), "",
              ceiling_line(ceiling)]

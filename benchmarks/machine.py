@@ -1,6 +1,6 @@
 """The machine under a benchmark and what a model costs on it: the machine's description, its dense matmul ceiling
-(fp32, bf16 GFLOP/s; int8 GOP/s in ONNX Runtime), and a checkpoint's shape and training FLOPs, so that a measured training speed can be given
-as a fraction of the ceiling."""
+(fp32, bf16 GFLOP/s; int8 GOP/s in ONNX Runtime), and a checkpoint's shape and training FLOPs, so that a measured
+training speed can be given as a fraction of the ceiling."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def sync() -> None:
 
 def machine() -> dict:
     """CPU model, torch threads, torch and Python versions, the CPU's bf16 flags, and the GPU's name if any."""
-    info = {"cpu": cpu_model(), "cores": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+    info = {"cpu": cpu_model(), "cores": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(),
             "bf16_flags": " ".join(cpu_bf16_flags())}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
@@ -32,7 +33,8 @@ def machine() -> dict:
 # ---------------------------------------------------------------- machine ceiling
 
 def best_seconds(call, repeats: int) -> float:
-    """The shortest of ``repeats`` timed calls of ``call()`` in seconds, after one untimed call (GPU work waited for)."""
+    """The shortest of ``repeats`` timed calls of ``call()`` in seconds, after one untimed call (GPU work waited
+    for)."""
     call()
     best = float("inf")
     for _ in range(repeats):

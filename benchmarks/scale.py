@@ -6,8 +6,8 @@ peak RSS of the stage's process tree (DVC's hashing and caching included, as a u
 
 - ``mrpc``: GLUE MRPC from the local copy (3,668 train pairs; validation 408, test 1,725).
 - ``sst2-xK``: SST-2's train split (67,349 sentences) repeated K times as own files under data/own (K 1: 67 k,
-  K 3: 202 k, K 6: 404 k rows), its validation split (872), and a test split of every 10th train row (6.7 k, 40 k rows: the
-  size of QQP's or MNLI's evaluation splits), all labeled.
+  K 3: 202 k, K 6: 404 k rows), its validation split (872), and a test split of every 10th train row (6.7 k, 40 k
+  rows: the size of QQP's or MNLI's evaluation splits), all labeled.
 
 Training is bounded by ``train.max_steps`` (``--max-steps``, with a validation every ``--max-steps / 2`` steps), so
 its time measures what grows with the rows (loading, the length-grouped sampler) plus a fixed number of steps.

@@ -21,7 +21,8 @@ SHORT_STEPS = 40
 
 def run_way(way: str, max_steps: int | None, overrides: dict | None = None, checkpoint: str | None = None) -> dict:
     """Run one way in a fresh Python process; its own peak RSS is added as ``peak_rss_mb``."""
-    cmd = [sys.executable, "-m", "benchmarks.benchmark", "--way", way] + (["--max-steps", str(max_steps)] if max_steps else [])
+    cmd = [sys.executable, "-m", "benchmarks.benchmark", "--way", way]
+    cmd += ["--max-steps", str(max_steps)] if max_steps else []
     cmd += ["--overrides", json.dumps(overrides)] if overrides else []
     cmd += ["--checkpoint", checkpoint] if checkpoint else []
     print(f"== {way}: {' '.join(cmd)}", flush=True)
@@ -73,7 +74,8 @@ def report(records: list[dict], ceiling: dict, mode: str, command: str) -> str:
     info = machine()
     lines = [f"# Benchmark ({mode} mode)", "",
              f"Command: `{command}`  ", f"Date: {date.today().isoformat()}  ",
-             f"Machine: {info['cpu']}, {info['cores']} threads, torch {info['torch']}" + (f", {info['gpu']}" if "gpu" in info else ""),
+             f"Machine: {info['cpu']}, {info['cores']} threads, torch {info['torch']}"
+             + (f", {info['gpu']}" if "gpu" in info else ""),
              "", markdown_table(
                  ["way", "train samples/s", "wall s", "peak RSS MB", "val accuracy", "val F1", "samples/s ratio",
                   "wall ratio"],
@@ -85,7 +87,8 @@ def report(records: list[dict], ceiling: dict, mode: str, command: str) -> str:
         if "train_tflops" in r:
             bf16 = (f", {100 * r['fraction_of_bf16_ceiling']:.0f} % of bf16" if r.get("fraction_of_bf16_ceiling")
                     else "")
-            lines.append(f"{r['name']}: training at {r['train_gflops']:.1f} GFLOP/s = {100 * r['fraction_of_fp32_ceiling']:.0f} % "
+            lines.append(f"{r['name']}: training at {r['train_gflops']:.1f} GFLOP/s = "
+                         f"{100 * r['fraction_of_fp32_ceiling']:.0f} % "
                          f"of the fp32 ceiling{bf16} (6 × non-embedding parameters × real tokens + attention).")
     project_settings = next((r.get("settings") for r in records if r["name"] == "project"), None)
     if project_settings:

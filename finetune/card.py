@@ -25,13 +25,12 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ruamel.yaml import YAMLError
 
+from finetune.checkpoint import check_checkpoint
 from finetune.collapse import describe_constant
 from finetune.errors import PipelineError
 from finetune.params import DataParams, Params
-from finetune.runtime import yaml_reader
 from finetune.paths import EVALUATION_LOGS, Paths
-from finetune.runtime import atomic_dir
-from finetune.checkpoint import check_checkpoint
+from finetune.runtime import atomic_dir, yaml_reader
 from finetune.tables import markdown_table
 from finetune.tasks import GLUE_DATASETS, Task
 

@@ -7,8 +7,8 @@ files: no dvc.yaml, no report, no experiment commit (https://dvc.org/doc/dvclive
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from finetune.paths import EVALUATION_LOGS
 from finetune.runtime import atomic_dir
@@ -41,7 +41,7 @@ class TrainLog:
     @classmethod
     @contextlib.contextmanager
     def open(cls, folder: Path, enabled: bool, log_every: int, total_steps: int,
-             unit: str = "epoch") -> Iterator["TrainLog"]:
+             unit: str = "epoch") -> Iterator[TrainLog]:
         """The log, written to a temp folder beside ``folder`` that replaces it at the end (removed on error)."""
         if not enabled:
             yield cls(None, log_every, total_steps, unit)

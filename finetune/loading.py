@@ -27,7 +27,8 @@ FILE_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".jso
                 ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
 
 
-def load_raw(folder: str, config: str, text_columns: tuple[str, ...] = (), label_column: str | None = None) -> DatasetDict:
+def load_raw(folder: str, config: str, text_columns: tuple[str, ...] = (),
+             label_column: str | None = None) -> DatasetDict:
     """``load_dataset(folder, config)`` with one-line errors instead of tracebacks from inside the libraries.
 
     Done in load_dataset's own two steps (find the data files, then build), with the parquet files checked in

@@ -32,8 +32,8 @@ from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-from finetune.errors import CheckpointError
 from finetune.checkpoint import check_checkpoint
+from finetune.errors import CheckpointError
 from finetune.tasks import Task
 
 

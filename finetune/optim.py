@@ -37,7 +37,7 @@ class Schedule:
     warmup_steps: int  # p.warmup_steps, else p.warmup_ratio of total_steps, rounded up
 
     @classmethod
-    def of(cls, p: TrainParams, batches_per_epoch: int) -> "Schedule":
+    def of(cls, p: TrainParams, batches_per_epoch: int) -> Schedule:
         """The schedule of ``p`` for ``batches_per_epoch`` batches of this process (``len(loader)`` after
         ``accelerator.prepare``: every process takes its optimizer steps together with the others)."""
         steps_per_epoch = math.ceil(batches_per_epoch / p.gradient_accumulation_steps)

@@ -65,7 +65,7 @@ class DataParams(_Section):
         return None if files is None else {split: file for split, file in files.items() if file is not None}
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DataParams":
+    def _one_source(self) -> DataParams:
         if self.files is not None:
             if self.dataset is not None or self.config is not None:
                 raise ValueError("files and dataset/config are both set: own files need dataset: null and config: null")
@@ -137,7 +137,7 @@ class TrainParams(_Section):
         return "no" if value is False else value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TrainParams":
+    def _consistent(self) -> TrainParams:
         if self.epochs is None and self.max_steps is None:
             raise ValueError("epochs and max_steps are both null: set epochs (a positive int) or max_steps")
         if self.warmup_steps and self.warmup_ratio:
@@ -167,10 +167,11 @@ class TransferParams(_Section):
     files: list[Annotated[str, Field(min_length=1)]] | None = Field(min_length=1)  # files: under data/own
     max_pairs: PositiveInt | None  # keep a seeded sample of this many pairs (null: all)
     seed: NonNegativeInt  # the sample's seed
-    weight: float = Field(ge=0)  # a transfer row's loss: weight x soft (a labelled row's: (1 - alpha) hard + alpha soft)
+    # a transfer row's loss: weight x soft (a labelled row's: (1 - alpha) hard + alpha soft)
+    weight: float = Field(ge=0)
 
     @model_validator(mode="after")
-    def _files_with_kind_files(self) -> "TransferParams":
+    def _files_with_kind_files(self) -> TransferParams:
         if self.min_similarity >= self.max_similarity:
             raise ValueError(f"min_similarity ({self.min_similarity}) must be below max_similarity "
                              f"({self.max_similarity})")
@@ -198,7 +199,7 @@ class DistillParams(_Section):
         return None if teacher is None else own_model_folder(teacher)
 
     @model_validator(mode="after")
-    def _transfer_needs_a_teacher(self) -> "DistillParams":
+    def _transfer_needs_a_teacher(self) -> DistillParams:
         if self.transfer.kind is not None and self.teacher is None:
             raise ValueError(f"transfer.kind is {self.transfer.kind!r} but teacher is null: a transfer set is "
                              "labelled by the teacher; set distill.teacher, or transfer.kind: null")

@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
 OWN_DATA = "data/own"  # the user's own files live here: a dependency of the download stage (dvc.yaml)
 
 

@@ -20,8 +20,8 @@ from finetune.live import log_plots, open_live
 from finetune.modeling import load_finetuned
 from finetune.params import Params
 from finetune.paths import Paths
-from finetune.splits import is_labeled, present_splits
 from finetune.runtime import atomic_dir, make_accelerator, set_cpu_threads
+from finetune.splits import is_labeled, present_splits
 from finetune.tasks import Task
 
 log = logging.getLogger(__name__)

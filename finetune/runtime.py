@@ -14,8 +14,9 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ruamel.yaml import YAML, YAMLError
 
@@ -26,8 +27,9 @@ def run_stage(main: Callable[[], Any]) -> None:
     """Run a stage's ``main()`` as a command: logging set up, SIGTERM unwinding like Ctrl-C, expected errors short.
 
     A ``PipelineError`` (bad params, data, checkpoint or batch) prints its message alone and exits 1; Ctrl-C
-    (KeyboardInterrupt) prints one line and exits 130; any other exception is a bug and keeps its traceback. SIGTERM (what `kill`, job schedulers and `dvc queue kill` send)
-    raises SystemExit, so the temp outputs of ``atomic_dir`` and ``write_json`` are removed, not left behind.
+    (KeyboardInterrupt) prints one line and exits 130; any other exception is a bug and keeps its traceback. SIGTERM
+    (what `kill`, job schedulers and `dvc queue kill` send) raises SystemExit, so the temp outputs of ``atomic_dir``
+    and ``write_json`` are removed, not left behind.
     """
     setup_logging()
     if threading.current_thread() is threading.main_thread():

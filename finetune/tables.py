@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def markdown_table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:

@@ -99,7 +99,7 @@ class Task:
         (Path(folder) / TASK_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
-    def load(cls, folder: str | Path) -> "Task":
+    def load(cls, folder: str | Path) -> Task:
         """The task saved in ``folder/task.json`` (by ``save``).
 
         Raises:

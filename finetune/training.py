@@ -33,8 +33,8 @@ from finetune.paths import Paths
 from finetune.resume import RunState, last_checkpoint, load_checkpoint, save_checkpoint
 from finetune.run import Run, build_run
 from finetune.runtime import atomic_dir
-from finetune.train_metrics import final_metrics
 from finetune.tasks import Task
+from finetune.train_metrics import final_metrics
 from finetune.trial import trial_from_env
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from finetune.errors import CollateError
 from finetune.modeling import load_classifier
 from finetune.params import Params, load_params
 from finetune.paths import Paths
-from finetune.splits import is_labeled, present_splits
 from finetune.runtime import run_stage, write_json
+from finetune.splits import is_labeled, present_splits
 from finetune.tasks import Task
 from finetune.tokenization import token_lengths
 

@@ -1,8 +1,8 @@
 """Stage 8, export: the fine-tuned model (models/finetuned) in the forms that serve it, each checked against it.
 
 Writes models/exported/<form>/ for each of ``export.forms`` (finetune/export.py: ONNX fp32, ONNX int8, bf16
-PyTorch where the hardware has bf16; finetune/openvino_forms.py: OpenVINO fp32, bf16 and NNCF int8), each with the tokenizer, config.json, task.json and the model card, and
-metrics/export.json:
+PyTorch where the hardware has bf16; finetune/openvino_forms.py: OpenVINO fp32, bf16 and NNCF int8), each with the
+tokenizer, config.json, task.json and the model card, and metrics/export.json:
 
     {"pytorch": {"validation": {<the task's metrics>}, ..., "size_mb", "speed": {"batch_1_p50_ms", ...}},
      "onnx-int8": {"validation": {<the task's metrics>, "agreement", "max_abs_logit_diff"}, ..., "size_mb",

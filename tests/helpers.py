@@ -12,13 +12,16 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
 from finetune.params import Params, validate_params
 from finetune.paths import Paths
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +47,8 @@ FEATURES = Features({
     "label": ClassLabel(names=["not_equivalent", "equivalent"]),
     "idx": Value("int32"),
 })
-SUBJECTS = ["The company", "The minister", "Shares of the bank", "The court", "Police", "The team", "Analysts", "The city"]
+SUBJECTS = ["The company", "The minister", "Shares of the bank", "The court", "Police", "The team", "Analysts",
+            "The city"]
 EVENTS = ["reported higher profits on Tuesday", "rejected the appeal last week", "fell sharply after the announcement",
           "said the plan would cost millions", "arrested two men near the station", "won the final in extra time"]
 
@@ -58,7 +62,8 @@ def make_split(n: int, seed: int, labeled: bool = True) -> Dataset:
         label = int(rng.random() < 0.6)
         other = event if label else rng.choice([e for e in EVENTS if e != event])
         rows["sentence1"].append(f"{subject} {event}.")
-        rows["sentence2"].append(f"According to officials, {subject.lower()} {other}." if i % 3 else f"{subject} {other}!")
+        rows["sentence2"].append(f"According to officials, {subject.lower()} {other}." if i % 3
+                                 else f"{subject} {other}!")
         rows["label"].append(label if labeled else -1)
         rows["idx"].append(i)
     features = FEATURES if labeled else Features({**FEATURES, "label": Value("int64")})
@@ -230,7 +235,7 @@ MOODS = {"negative": ["awful", "dull", "terrible"], "neutral": ["ordinary", "ave
          "positive": ["wonderful", "brilliant", "delightful"]}
 
 
-def own_frame(kind: str, n: int, seed: int) -> "pd.DataFrame":
+def own_frame(kind: str, n: int, seed: int) -> pd.DataFrame:
     """``n`` rows of the user's own data, as a DataFrame. ``kind``:
 
     - ``single-3``: one ``text`` column, string labels negative / neutral / positive (``mood``);
@@ -258,7 +263,7 @@ def own_frame(kind: str, n: int, seed: int) -> "pd.DataFrame":
     raise ValueError(kind)
 
 
-def write_own_file(df: "pd.DataFrame", file: Path) -> Path:
+def write_own_file(df: pd.DataFrame, file: Path) -> Path:
     """``df`` written as ``file`` in the format its suffix names (csv, tsv, json, jsonl, parquet)."""
     file.parent.mkdir(parents=True, exist_ok=True)
     suffix = file.suffix

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from finetune import predictions
+from finetune import predictions, training
 from finetune import run as run_module
-from finetune import training
 from finetune.collapse import collapse_check, constant_baseline, end_of_run, warn_if_collapsed
 from finetune.evaluation import load_metric, score
 from finetune.predictions import evaluate_model

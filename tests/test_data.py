@@ -11,7 +11,6 @@ from finetune.tasks import glue_task
 from finetune.tokenization import length_stats, tokenize
 from tests.helpers import tiny_params
 
-
 MRPC = tiny_params().data  # data.config mrpc: GLUE's task, columns and labels
 
 

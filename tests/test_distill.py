@@ -17,8 +17,18 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from finetune.batches import TEACHER_LOGITS, make_collator
-from finetune.distill import (LOGITS_FILE, TEACHER_FILE, TRANSFER, TRANSFER_FILE, TRANSFER_LOGITS_FILE, Distillation,
-                              Teacher, distillation_loss, load_teacher, with_teacher_logits)
+from finetune.distill import (
+    LOGITS_FILE,
+    TEACHER_FILE,
+    TRANSFER,
+    TRANSFER_FILE,
+    TRANSFER_LOGITS_FILE,
+    Distillation,
+    Teacher,
+    distillation_loss,
+    load_teacher,
+    with_teacher_logits,
+)
 from finetune.errors import DataError, ParamsError, TeacherError
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.params import TransferParams, with_overrides
@@ -27,8 +37,16 @@ from finetune.tasks import glue_task, own_task
 from finetune.teacher import save_teacher, teacher_logits
 from finetune.training import train
 from finetune.transfer import make_transfer_set, neighbour_pairs
-from tests.helpers import (REPO, interrupt_and_resume, make_family_checkpoint, make_project, python, reset_accelerate, run,
-                           tiny_params)
+from tests.helpers import (
+    REPO,
+    interrupt_and_resume,
+    make_family_checkpoint,
+    make_project,
+    python,
+    reset_accelerate,
+    run,
+    tiny_params,
+)
 
 MRPC = glue_task("mrpc")
 TEACHER = "models/own/teacher"  # distill.teacher of the test projects

@@ -181,7 +181,8 @@ def test_lossy_form_beyond_the_tolerance_is_flagged(finetuned, caplog):
         assert "**Warning:** onnx-int8 loses" in (paths.exported / "onnx-int8" / "README.md").read_text()
     else:
         assert "warning" not in results["onnx-int8"]
-    assert ("speed" in results["onnx-int8"]) == ("warning" not in results["onnx-int8"])  # only forms at parity are timed
+    # only forms at parity are timed
+    assert ("speed" in results["onnx-int8"]) == ("warning" not in results["onnx-int8"])
 
 
 def test_predict_with_a_form_equals_pytorch(finetuned, tmp_path, monkeypatch):

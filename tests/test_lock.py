@@ -1,7 +1,7 @@
 """requirements.lock still matches pyproject.toml: every dependency of the project and of its test extra is pinned
 there at a version its specifier allows, with hashes, and the lock's direct dependencies are exactly those. A change
-to either list without rerunning pip-compile (the command in the lock's header, docs/reproducibility.md, "Locked environment") fails
-here, offline and in well under a second."""
+to either list without rerunning pip-compile (the command in the lock's header, docs/reproducibility.md, "Locked
+environment") fails here, offline and in well under a second."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+, the Python the lock is
 LOCK = REPO / "requirements.lock"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]["name"]
-LOCKED_EXTRAS = ("test", "tune", "serve")  # the extras the lock covers: pip-compile --extra=test --extra=tune --extra=serve
+# the extras the lock covers: pip-compile --extra=test --extra=tune --extra=serve
+LOCKED_EXTRAS = ("test", "tune", "serve")
 
 
 def parse_lock(text: str) -> dict[str, dict]:
@@ -102,6 +103,7 @@ def test_the_header_names_the_command_that_made_it():
     lines = LOCK.read_text().splitlines()
     header = "\n".join(lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))])
     # (pip-compile writes its options here but not --upgrade-package, the torch pin: test_torch_is_the_cpu_wheel)
-    for option in ("pip-compile", "--extra=test", "--extra=tune", "--extra=serve", "--generate-hashes", "--allow-unsafe",
+    for option in ("pip-compile", "--extra=test", "--extra=tune", "--extra=serve", "--generate-hashes",
+                   "--allow-unsafe",
                    "--output-file=requirements.lock", "pyproject.toml"):
         assert option in header, option

@@ -1,4 +1,5 @@
-"""End to end: the real dvc.yaml in a temp git repo, tiny params, `dvc repro`, `dvc exp run`, `dvc exp show`, the report.
+"""End to end: the real dvc.yaml in a temp git repo, tiny params, `dvc repro`, `dvc exp run`, `dvc exp show`, the
+report.
 
 Stages run as `python -m stages.<name>` exactly as for a user; the venv's bin folder goes first on PATH so
 `python` and `dvc` are this interpreter's.
@@ -178,8 +179,8 @@ def test_bad_param_stops_the_stage_with_one_message(project):
 def test_exp_run_switches_own_files_with_set_param_only(project):
     # From the GLUE task, the user's own CSV (one text column, three string labels, no validation and no test file) by
     # -S alone. -S merges a mapping into params.yaml's: with data.files already listing three splits (as after a run on
-    # other own files), `-S data.files={train: ...}` keeps their validation and test entries, and data.files.<split>=null
-    # drops one. (Own pair files with a test split: tests/test_tasks.py.)
+    # other own files), `-S data.files={train: ...}` keeps their validation and test entries, and
+    # data.files.<split>=null drops one. (Own pair files with a test split: tests/test_tasks.py.)
     root = project
     write_own_file(own_frame("single-3", 48, 0), root / "data/own/b/reviews.csv")
     run(["git", "add", "data/own"], root)

@@ -45,7 +45,8 @@ def test_length_sorted_evaluation_gives_the_same_predictions_in_row_order(tiny_p
         tables[sort] = pd.read_csv(paths.predictions / "validation.csv")
     assert tables[True]["idx"].tolist() == tables[False]["idx"].tolist() == tiny_raw["validation"]["idx"]
     assert (tables[True]["prediction"] == tables[False]["prediction"]).all()
-    np.testing.assert_allclose(tables[True]["probability_equivalent"], tables[False]["probability_equivalent"], atol=1e-4)
+    np.testing.assert_allclose(tables[True]["probability_equivalent"], tables[False]["probability_equivalent"],
+                               atol=1e-4)
     assert results[True]["validation"]["accuracy"] == results[False]["validation"]["accuracy"]
 
 
@@ -63,8 +64,8 @@ def test_adamw_implementations_give_the_same_weights(impl, tiny_project):
 def test_grouped_bf16_fused_training_runs_and_reports_padding(tiny_project):
     # 40 rows in batches of 4: grouping needs chunks of 2+ batches
     plain = tiny_params(train={"batch_size": 4})
-    fast = tiny_params(train={"batch_size": 4, "group_by_length": True, "mixed_precision": "bf16", "adamw_impl": "fused",
-                              "num_threads": 2})
+    fast = tiny_params(train={"batch_size": 4, "group_by_length": True, "mixed_precision": "bf16",
+                              "adamw_impl": "fused", "num_threads": 2})
     fast_metrics = train(fast, tiny_project("fast", fast))
     assert torch.get_num_threads() == 2  # train.num_threads
     reset_accelerate()

@@ -101,7 +101,7 @@ def test_wrong_weights_are_refused_and_a_damaged_cache_named(fake_pieces):
 
     folder, _ = assemble(NAME, spec)
     (folder / "model.safetensors").write_bytes(b"truncated")
-    with pytest.raises(SourceError, match=rf"delete that folder to reassemble it"):
+    with pytest.raises(SourceError, match=r"delete that folder to reassemble it"):
         assemble(NAME, spec)
 
 

@@ -1,6 +1,7 @@
 """Expected errors (bad params, data, checkpoint) stop a stage with their message alone and a non-zero exit; a bug
 keeps its traceback. The stages' ``main`` run as `python -m stages.<name>` runs them (``finetune.runtime.run_stage``),
-in this process; the same as a command under dvc: tests/test_pipeline_e2e.py, test_bad_param_stops_the_stage_with_one_message."""
+in this process; the same as a command under dvc: tests/test_pipeline_e2e.py,
+test_bad_param_stops_the_stage_with_one_message."""
 
 from __future__ import annotations
 

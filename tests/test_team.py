@@ -62,7 +62,8 @@ def team(tmp_path_factory, hub_layout_dataset, tiny_checkpoint):
     run_stages_at_once(first, ["download", "tokenize", "collate-check", "teacher", "train", "evaluate"])
     assert "Stage 'train' didn't change" in run(dvc("repro"), first)
     for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "baseline run"], dvc("push", "--run-cache"),
-                ["git", "init", "-q", "--bare", "-b", "main", str(origin)], ["git", "remote", "add", "origin", str(origin)],
+                ["git", "init", "-q", "--bare", "-b", "main", str(origin)],
+                ["git", "remote", "add", "origin", str(origin)],
                 ["git", "push", "-q", "origin", "main"]):
         run(cmd, first)
     return SimpleNamespace(root=root, origin=origin, storage=storage, first=first)

@@ -68,7 +68,8 @@ def test_a_configuration_is_compared_to_the_baseline_by_the_standard_error_of_th
     mean, default = configurations
     assert default["vs_baseline"]["diff"] == 0 and not default["vs_baseline"]["wins"]
     assert mean["vs_baseline"]["diff"] == pytest.approx(0.03)
-    assert mean["vs_baseline"]["se"] == pytest.approx((0.01 ** 2 / 3 * 2) ** 0.5, abs=1e-4) and mean["vs_baseline"]["wins"]
+    assert mean["vs_baseline"]["se"] == pytest.approx((0.01 ** 2 / 3 * 2) ** 0.5, abs=1e-4)
+    assert mean["vs_baseline"]["wins"]
     assert "| mean | 3 | 42,1,2 | 0.9000 ± 0.0100 | +0.0300 (SE 0.0082) |" in markdown(configurations, varying,
                                                                                   ["validation.f1"])
     with pytest.raises(SystemExit, match="--baseline 'x-\\*': no summarised experiment matches"):
@@ -77,8 +78,8 @@ def test_a_configuration_is_compared_to_the_baseline_by_the_standard_error_of_th
 
 def test_metrics_no_experiment_has_are_left_out():
     # dvc exp show lists every metric of every experiment it reads (an STS-B run's Pearson beside MRPC runs).
-    df = pd.DataFrame({"validation.f1": [0.87, 0.88], "validation.pearson": ["None", None], "validation.loss": [0.3, 0.4]},
-                      index=["a", "b"])
+    df = pd.DataFrame({"validation.f1": [0.87, 0.88], "validation.pearson": ["None", None],
+                       "validation.loss": [0.3, 0.4]}, index=["a", "b"])
     assert metric_columns(df)[:1] == ["validation.f1"] and "validation.pearson" not in metric_columns(df)
     # Nor eval.json's collapse check (finetune/collapse.py): its baseline, most predicted class and flag.
     check = {"validation.baseline.f1": [0.81, 0.81], "validation.baseline.class": ["equivalent"] * 2,

@@ -42,7 +42,8 @@ def test_finetuned_model_loads_with_labels_and_pipeline(finetuned):
     model = AutoModelForSequenceClassification.from_pretrained(paths.trained)
     assert model.config.id2label == {0: "not_equivalent", 1: "equivalent"}
     classify = pipeline("text-classification", model=str(paths.trained))
-    [result] = classify([{"text": "The court rejected the appeal.", "text_pair": "The appeal was rejected by the court."}])
+    [result] = classify([{"text": "The court rejected the appeal.",
+                          "text_pair": "The appeal was rejected by the court."}])
     assert result["label"] in {"not_equivalent", "equivalent"} and 0 <= result["score"] <= 1
 
 
@@ -87,7 +88,8 @@ def test_evaluate_writes_metrics_predictions_and_plots(finetuned, tiny_raw):
         assert ((table["probability_equivalent"] >= 0.5) == (table["prediction"] == "equivalent")).all()
         assert np.allclose(table["probability_equivalent"] + table["probability_not_equivalent"], 1, atol=1e-4)
         assert results[split]["examples"] == len(table)
-        assert results[split]["accuracy"] == pytest.approx(accuracy_score(table["label"], table["prediction"]), abs=1e-4)
+        accuracy = accuracy_score(table["label"], table["prediction"])
+        assert results[split]["accuracy"] == pytest.approx(accuracy, abs=1e-4)
         assert results[split]["f1"] == pytest.approx(
             f1_score(table["label"], table["prediction"], pos_label="equivalent"), abs=1e-4)
         cells = json.loads((paths.eval_logs / "plots" / "sklearn" / split / "confusion_matrix.json").read_text())

@@ -1,4 +1,5 @@
-"""The loop's features on a tiny model: gradient accumulation, the no-decay group, warmup, best epoch, early stopping."""
+"""The loop's features on a tiny model: gradient accumulation, the no-decay group, warmup, best epoch, early
+stopping."""
 
 from __future__ import annotations
 

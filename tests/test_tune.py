@@ -23,13 +23,25 @@ from datasets import Dataset
 from finetune import training
 from finetune.errors import ParamsError
 from finetune.params import validate_params
-from finetune.trial import open_storage, trial_env
 from finetune.training import train
-from tests.helpers import (FEATURES, exp_show, make_project, make_split, project_env, python, run, run_stages_at_once,
-                           start, tiny_params, write_hub_folder)
+from finetune.trial import open_storage, trial_env
+from tests.helpers import (
+    FEATURES,
+    exp_show,
+    make_project,
+    make_split,
+    project_env,
+    python,
+    run,
+    run_stages_at_once,
+    start,
+    tiny_params,
+    write_hub_folder,
+)
 from tools.recipe import load_recipe
 from tools.search_space import load_space
-from tools.tune import connect, main as tune_main, settle_study
+from tools.tune import connect, settle_study
+from tools.tune import main as tune_main
 
 PARAMS = tiny_params().model_dump()
 COMMITTED = yaml.safe_load(Path("params.yaml").read_text())
@@ -108,7 +120,7 @@ def test_workers_starting_together_on_a_new_database_all_connect(tmp_path, monke
         args = argparse.Namespace(storage=f"sqlite:///{tmp_path / f'new{i}.db'}", heartbeat=60, grace=180)
         barrier = threading.Barrier(4)
 
-        def open_it():
+        def open_it(barrier=barrier, args=args):
             barrier.wait()
             try:
                 connect(args, attempts=50)
@@ -235,7 +247,8 @@ def test_two_workers_share_a_study_whose_trials_are_experiments_and_reported(pro
     assert summary["direction"] == "maximize" and (report / "history.png").stat().st_size > 0
     assert not (report / "importances.png").exists() and "drawn from 5 complete trials on" in table  # 3: noise
     recipe = load_recipe(str(report / "recipe.yaml"))
-    assert recipe["train"]["lr"] == pytest.approx(study.best_params["train.lr"]) and recipe["train"]["warmup_steps"] == 1
+    assert recipe["train"]["lr"] == pytest.approx(study.best_params["train.lr"])
+    assert recipe["train"]["warmup_steps"] == 1
     if study.best_params["train.scheduler"] == "linear":  # the project's own value: a recipe holds only what differs
         assert "scheduler" not in recipe["train"]
     base = yaml.safe_load((project / "params.yaml").read_text())

@@ -94,7 +94,8 @@ def export_table(export: dict) -> list[str]:
     forms = {k: v for k, v in export.items() if k != "fastest_at_parity"}
     if not forms:
         return []
-    splits = list(dict.fromkeys(s for r in forms.values() for s, v in r.items() if isinstance(v, dict) and s != "speed"))
+    splits = list(dict.fromkeys(s for r in forms.values() for s, v in r.items()
+                                if isinstance(v, dict) and s != "speed"))
     first = next((r[splits[0]] for r in forms.values() if splits and splits[0] in r), {})
     names = metric_names(first)
     rows = []

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import optuna
 
-from finetune.runtime import write_json
+from finetune.runtime import read_yaml, write_json, yaml_reader
 from finetune.tables import markdown_table
-from finetune.runtime import read_yaml, yaml_reader
 from tools.search_space import SearchSpace, nested
 
 log = logging.getLogger(__name__)
@@ -83,8 +82,9 @@ def recipe_text(study: optuna.Study, space: SearchSpace, metric: str, seeds: lis
     writer = yaml_reader()
     writer.default_flow_style = False
     writer.dump(nested(values), out)
-    header = (f"# Found by `python -m tools.tune --space {space.source}` (study {study.study_name}): trial {best.number},"
-              f"\n# validation {metric} {best.value:.4f}, mean over seeds {' '.join(map(str, seeds))}. Only what differs "
+    header = (f"# Found by `python -m tools.tune --space {space.source}` (study {study.study_name}): "
+              f"trial {best.number},\n# validation {metric} {best.value:.4f}, mean over seeds "
+              f"{' '.join(map(str, seeds))}. Only what differs "
               "from params.yaml.\n# Run: python -m tools.recipe <this file> --seeds 42 1 2 --run\n")
     return header + out.getvalue()
 
@@ -147,7 +147,8 @@ def write_report(study: optuna.Study, space: SearchSpace, metric: str, params: d
                                      fmt(r["train_seconds"]), r["note"]] for r in rows])
     lines = [f"# Study {study.study_name}: validation {metric} ({summary['direction']}), "
              f"mean over seeds {', '.join(map(str, seeds))}", "",
-             f"Space: `{space.source}`; {len(rows)} trials: {summary['complete']} complete, {summary['pruned']} pruned, "
+             f"Space: `{space.source}`; {len(rows)} trials: {summary['complete']} complete, "
+             f"{summary['pruned']} pruned, "
              f"{summary['fail']} failed, {summary['running']} running. Training {summary['train_seconds'] / 60:.1f} "
              f"min in all; pruning saved about {summary['saved_by_pruning_seconds'] / 60:.1f} min (each pruned run's "
              "epochs not run, at its own seconds per epoch).", ""]
