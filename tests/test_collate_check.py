@@ -93,7 +93,9 @@ def test_three_classes_and_regression_labels(tokenized, tokenizer, tiny_checkpoi
 
 def test_an_unlabeled_batch_has_no_labels_key(tokenized, tokenizer):
     batch = {k: v for k, v in _first_batch(tokenized, make_collator(tokenizer)).items() if k != "labels"}
-    check_batch(batch, tokenizer, "split=test batch=0", MRPC, labeled=False)
+    check_batch(batch, tokenizer, "split=test batch=0", MRPC, labeled=False)  # an unlabeled split: no error
+    with pytest.raises(CollateError, match=r"split=validation batch=0.*labels"):
+        check_batch(batch, tokenizer, "split=validation batch=0", MRPC)  # a labeled split must carry them
 
 
 def test_a_big_split_is_checked_in_a_bounded_sample_and_described_whole(tokenized, tokenizer, monkeypatch):

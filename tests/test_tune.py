@@ -27,6 +27,7 @@ from finetune.training import train
 from finetune.trial import open_storage, trial_env
 from tests.helpers import (
     FEATURES,
+    REPO,
     exp_show,
     make_project,
     make_split,
@@ -77,7 +78,7 @@ def test_bad_search_space_stops_with_one_line_naming_file_and_key(tmp_path, text
 
 
 def test_search_space_samples_each_kind():
-    space = load_space("configs/search/rte.yaml", COMMITTED)
+    space = load_space(REPO / "configs/search/rte.yaml", COMMITTED)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     values = space.sample(study.ask())
     assert 5e-6 <= values["train.lr"] <= 2e-4 and isinstance(values["train.epochs"], int)
@@ -86,18 +87,20 @@ def test_search_space_samples_each_kind():
 
 
 def test_every_shipped_space_is_valid():
-    for path in Path("configs/search").glob("*.yaml"):
+    spaces = sorted((REPO / "configs/search").glob("*.yaml"))
+    assert spaces, "no search space in configs/search"
+    for path in spaces:
         load_space(path, COMMITTED)
 
 
 def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    space = load_space("configs/search/rte.yaml", COMMITTED)
+    space = load_space(REPO / "configs/search/rte.yaml", COMMITTED)
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     assert settle_study(study, [42, 1], 42, space, "accuracy") == [42, 1]  # recorded by the first run
     assert settle_study(study, None, 42, space, "accuracy") == [42, 1]  # a resume without --seeds: the study's
     for seeds, other, metric, says in [([7], space, "accuracy", "began with seeds [42, 1], not [7]"),
-                                       (None, load_space("configs/search/cola.yaml", COMMITTED), "accuracy",
+                                       (None, load_space(REPO / "configs/search/cola.yaml", COMMITTED), "accuracy",
                                         "began with space"),
                                        (None, space, "f1", "began with metric accuracy, not f1")]:
         with pytest.raises(SystemExit, match="study s " + says.replace("[", r"\[").replace("]", r"\]")):
