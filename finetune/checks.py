@@ -96,7 +96,12 @@ def _check_plain(df: pd.DataFrame, column: str, where: str, split: str) -> None:
 
 
 def _check_idx(df: pd.DataFrame, where: str, split: str) -> None:
-    """No idx twice in the split; the error names the first repeated idx and its rows."""
+    """Every idx an integer, and none twice in the split; the error names the first bad idx and its rows."""
+    numbers = pd.to_numeric(df["idx"], errors="coerce").to_numpy(dtype="float64")
+    bad = np.flatnonzero(~np.isfinite(numbers) | (numbers != np.round(numbers)))
+    if bad.size:
+        raise DataError(f"{row_name(where, split, df, bad[0])}: idx {df['idx'].iat[bad[0]]!r} is not an integer; "
+                        "idx must be unique integers (rename the column if it is not the row's id)")
     repeated = df["idx"].duplicated(keep=False).to_numpy()
     if repeated.any():
         first = df["idx"].to_numpy()[repeated][0]

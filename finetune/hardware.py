@@ -65,27 +65,34 @@ def describe_device(device) -> str:
     return f"cpu: {cpu_model()}, {torch.get_num_threads()} threads, {bf16}"
 
 
-def matmul_isa(mixed_precision: str, flags: set[str]) -> str:
+def matmul_isa(mixed_precision: str, flags: set[str], capability: str | None = None) -> str:
     """The instructions the CPU's matrix products run on, for a precision and the CPU's ``/proc/cpuinfo`` flags.
 
-    fp32 products go to MKL's sgemm (torch's CPU wheel: ``BLAS_INFO=mkl``), which uses AVX512 where the CPU has it
-    (``avx512f``), else AVX2 with FMA. bf16 products under autocast go to oneDNN where torch allows it (AVX512 with
-    BW, VL and DQ: ``torch.ops.mkldnn._is_mkldnn_bf16_supported``), which picks AMX tiles, else AVX512-BF16's dot
-    products, else converts on AVX512 (oneDNN's CPU dispatcher, "CPU ISA hints" in its docs); on a CPU without
-    AVX512, torch converts bf16 in its own fallback kernels. The names here are that rule, not a reading of the
-    libraries' internal choice.
+    Read: the vector instruction set torch dispatches its CPU kernels to, ``torch.backends.cpu.get_cpu_capability()``
+    (``AVX512``, ``AVX2``, ``DEFAULT``, ...; ``capability`` stands in for it). fp32 products go to MKL's sgemm
+    (torch's CPU wheel: ``BLAS_INFO=mkl``), named with that reading: the widest set torch found usable on the CPU.
+    MKL picks its own code path, which torch can't report (``MKL_VERBOSE=1`` prints it), and ``ATEN_CPU_CAPABILITY``
+    lowers only torch's.
+
+    Inferred from ``flags``, which no torch function reports: whether bf16 products run on bf16 instructions. Under
+    autocast torch sends them to oneDNN where the CPU has AVX512 with BW, VL and DQ (torch's
+    ``mkldnn_bf16_device_check``), and oneDNN picks AMX tiles, else AVX512-BF16's dot products, else converts on
+    AVX512 ("CPU ISA hints" in its docs); elsewhere torch converts bf16 (and fp16) in its own kernels, on the read
+    instruction set.
     """
-    avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
+    if capability is None:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    onednn = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
     if mixed_precision in ("bf16", "fp16"):
-        if avx512 and "amx_bf16" in flags and mixed_precision == "bf16":
+        if onednn and "amx_bf16" in flags and mixed_precision == "bf16":
             return "AMX-BF16 (oneDNN)"
-        if avx512 and "avx512_bf16" in flags and mixed_precision == "bf16":
+        if onednn and "avx512_bf16" in flags and mixed_precision == "bf16":
             return "AVX512-BF16 (oneDNN)"
-        vector = "AVX512" if avx512 else "AVX2"
+        vector = "AVX512" if onednn else capability
         return f"{mixed_precision} converted to fp32 on {vector} (no {mixed_precision} instructions)"
-    if "avx512f" in flags:
-        return "AVX512 (MKL sgemm)"
-    return "AVX2-FMA (MKL sgemm)" if {"avx2", "fma"} <= flags else "SSE (MKL sgemm)"
+    return f"{capability} (MKL sgemm)"
 
 
 def numerics(device, mixed_precision: str) -> dict:
@@ -93,7 +100,7 @@ def numerics(device, mixed_precision: str) -> dict:
 
     Returns:
         on a CPU ``{"processor": "cpu", "vendor": "AuthenticAMD", "model": "AMD EPYC", "family": "25",
-        "model_number": "1", "threads": 2, "precision": "no", "matmul": "AVX2-FMA (MKL sgemm)",
+        "model_number": "1", "threads": 2, "precision": "no", "matmul": "AVX2 (MKL sgemm)",
         "vector_kernels": "AVX2", "torch": "2.13.0+cpu"}``: ``matmul`` by ``matmul_isa``, ``vector_kernels`` the
         instruction set of torch's elementwise and reduction kernels (softmax, GELU, LayerNorm;
         ``torch.backends.cpu.get_cpu_capability``, which ``ATEN_CPU_CAPABILITY`` can lower); on a GPU

@@ -6,6 +6,7 @@ the pipeline's shape.
 
 from __future__ import annotations
 
+import csv
 import os
 import tempfile
 from pathlib import Path
@@ -95,22 +96,51 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
         origin: where the paths came from, for a missing file's message (``{split}`` is filled in).
 
     Raises:
-        DataError: a file is missing, has an unknown suffix or can't be parsed; naming the file and the split.
+        DataError: a file is missing, a folder, empty, has an unknown suffix, a header with a column twice, a first
+            row with more fields than the header, no rows, or can't be parsed; naming the file and the split.
     """
     splits = {}
     for split, file in files.items():
+        where = f"{file}: split {split!r}"
+        if Path(file).is_dir():
+            raise DataError(f"{where}: is a folder; name a file")
         if not Path(file).is_file():
-            raise DataError(f"{file}: split {split!r}: file not found ({origin.format(split=split)})")
+            raise DataError(f"{where}: file not found ({origin.format(split=split)})")
         if Path(file).suffix.lower() not in FILE_FORMATS:
-            raise DataError(f"{file}: split {split!r}: unknown format; use one of {', '.join(FILE_FORMATS)}")
+            raise DataError(f"{where}: unknown format; use one of {', '.join(FILE_FORMATS)}")
+        if Path(file).stat().st_size == 0:
+            raise DataError(f"{where}: the file is empty")
         builder, options = FILE_FORMATS[Path(file).suffix.lower()]
+        if builder == "csv":
+            _check_header(Path(file), options.get("delimiter", ","), where)
         with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache_dir:
             try:
                 splits[split] = load_dataset(builder, data_files={split: str(file)}, split=split, cache_dir=cache_dir,
                                              keep_in_memory=True, **options)
-            except LOAD_ERRORS as err:
-                raise DataError(f"{file}: split {split!r}: cannot read: {_reason(err)}") from err
+            except (*LOAD_ERRORS, StopIteration) as err:
+                if "corresponds to no data" in str(err):
+                    raise DataError(f"{where}: has no rows") from None
+                raise DataError(f"{where}: cannot read: {_reason(err)}") from err
+        if PANDAS_INDEX in splits[split].column_names:
+            raise DataError(f"{where}: its first row has more fields than the header (a text with an unquoted "
+                            "delimiter?); quote such texts")
     return DatasetDict(splits)
+
+
+PANDAS_INDEX = "__index_level_0__"  # pandas' read_csv takes a first column without a header as the rows' index
+
+
+def _check_header(file: Path, delimiter: str, where: str) -> None:
+    """A CSV or TSV header names each column once (pandas would rename the second ``text`` to ``text.1``).
+
+    Raises:
+        DataError: naming the file, the split and the repeated column.
+    """
+    with open(file, newline="", encoding="utf-8-sig", errors="replace") as f:
+        header = next(csv.reader(f, delimiter=delimiter), [])
+    repeated = [c for c in dict.fromkeys(header) if header.count(c) > 1]
+    if repeated:
+        raise DataError(f"{where}: column {repeated[0]!r} appears twice in the header; column names must be unique")
 
 
 # What ``write_table`` writes, by suffix: the formats ``load_files`` reads (JSON: a list of records).

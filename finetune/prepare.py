@@ -13,7 +13,7 @@ import pandas as pd
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
 from finetune.checks import checked_frame
-from finetune.errors import DataError
+from finetune.errors import DataError, ParamsError
 from finetune.labels import check_train_classes, encode_labels, is_regression, label_names
 from finetune.params import DataParams
 from finetune.tasks import GLUE_TASKS, Task, glue_task, own_task
@@ -29,6 +29,24 @@ def data_columns(p: DataParams) -> tuple[tuple[str, ...], str]:
     if p.glue_task:
         return GLUE_TASKS[p.glue_task].text_columns, "label"
     return tuple(p.text_columns or ()), p.label_column
+
+
+def check_own_columns(p: DataParams) -> None:
+    """The own-data keys name each column once: no text column twice, the label column not among the text columns
+    (the model would read its answer), no class name twice.
+
+    Raises:
+        ParamsError: naming the key and the column or name.
+    """
+    texts = list(p.text_columns or ())
+    if twice := [c for c in dict.fromkeys(texts) if texts.count(c) > 1]:
+        raise ParamsError(f"params.yaml: data.text_columns: {twice[0]!r} is listed twice")
+    if p.label_column in texts:
+        raise ParamsError(f"params.yaml: data.text_columns: {p.label_column!r} is also data.label_column; the model "
+                          "would read its answer")
+    names = list(p.label_names or ())
+    if twice := [n for n in dict.fromkeys(names) if names.count(n) > 1]:
+        raise ParamsError(f"params.yaml: data.label_names: {twice[0]!r} is listed twice")
 
 
 def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple[DatasetDict, Task]:
@@ -54,6 +72,8 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
         where: split -> what to name in errors (the dataset folder, or the user's file).
 
     Raises:
+        ParamsError: a column or class name given twice, the label column among the text columns, or class names for
+            labels that make a regression (``check_own_columns``); naming the key.
         DataError: naming the folder or file, the split, the row (``idx=``, or its 0-based number) and the rule.
     """
     if p.glue_task:  # MNLI's matched splits are its validation and test
@@ -63,10 +83,17 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
     if "train" not in raw:
         raise DataError(f"{next(iter(where.values()), 'data')}: no train split; found {list(raw)}")
     text_columns, label_column = data_columns(p)
+    if not p.glue_task:
+        check_own_columns(p)
     frames = {split: checked_frame(ds, split, where[split], text_columns, label_column) for split, ds in raw.items()}
 
     # labels: names (or regression), then ids, train first: the other splits may only hold its classes
     regression = GLUE_TASKS[p.glue_task].label_names is None if p.glue_task else is_regression(raw["train"], p)
+    if regression and not p.glue_task and (p.label_names or p.positive_label):
+        key = "label_names" if p.label_names else "positive_label"
+        raise ParamsError(f"params.yaml: data.{key} is set, but the task is a regression ({where['train']}'s "
+                          "labels are floats, or data.task_type: regression); set data.task_type: classification, "
+                          f"or data.{key}: null")
     names, ids = (None, False) if regression else label_names(raw["train"], frames, p, where)
     labels = {"train": encode_labels(frames["train"], "train", where["train"], names, ids)}
     if names is not None:

@@ -5,6 +5,7 @@ and loaded the way the download stage loads it (``download_dataset``).
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 from transformers import BertConfig, BertForSequenceClassification
 
-from finetune.errors import CheckpointError, DataError, SourceError
+from finetune.errors import CheckpointError, DataError, ParamsError, SourceError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task
 from stages.download import download_checkpoint, download_dataset
@@ -221,6 +222,19 @@ BAD_OWN_FILES = [
     ("a-class-of-one-row-and-no-validation-file", lambda: {"train": _cell(_own_good()["train"], 3, "verdict", "maybe")},
      {}, "data/own/train.csv: split 'train': class 'maybe' (1 row) has too few rows to carve a stratified validation "
          "split (at least 2 per class); add rows, drop the class, or give a validation file"),
+    ("first-row-with-more-fields-than-the-header", lambda: {"train": ("train.csv", "question,answer,verdict\n"
+                                                                     "good, day,fine,yes\nbad, day,poor,no\n")},
+     {}, "data/own/train.csv: split 'train': its first row has more fields than the header (a text with an unquoted "
+         "delimiter?); quote such texts"),
+    ("a-column-twice-in-the-header", lambda: {"train": ("train.csv", "question,answer,answer,verdict\na,b,c,yes\n")},
+     {}, "data/own/train.csv: split 'train': column 'answer' appears twice in the header; column names must be unique"),
+    ("an-empty-jsonl-file", lambda: {"train": ("train.jsonl", "")}, {}, "data/own/train.jsonl: split 'train': the file "
+                                                                         "is empty"),
+    ("a-header-only-csv", lambda: {"train": ("train.csv", "question,answer,verdict\n")}, {},
+     "data/own/train.csv: split 'train': has no rows"),
+    ("an-idx-that-is-not-an-integer", lambda: {"train": ("train.csv", "idx,question,answer,verdict\n"
+                                                                      "a,q,x,yes\nb,r,y,no\n")},
+     {}, "data/own/train.csv: split 'train' row idx=a: idx 'a' is not an integer; idx must be unique integers"),
     ("too-few-rows-for-the-validation-fraction", lambda: {"train": _own_good()["train"].head(4)},
      {"validation_fraction": 0.1}, "data/own/train.csv: split 'train' (4 rows): cannot carve a validation split of "
                                    "data.validation_fraction 0.1: "),
@@ -235,6 +249,28 @@ def test_bad_own_file_is_named_in_one_line(tmp_path, monkeypatch, frames, data, 
     assert "\n" not in str(err.value)
     assert message in str(err.value)
     _assert_nothing_written(tmp_path / "data" / "raw")
+
+
+BAD_OWN_PARAMS = [
+    ("a-text-column-twice", {"text_columns": ["answer", "answer"]},
+     "params.yaml: data.text_columns: 'answer' is listed twice"),
+    ("the-label-column-as-a-text-column", {"text_columns": ["question", "verdict"]},
+     "params.yaml: data.text_columns: 'verdict' is also data.label_column; the model would read its answer"),
+    ("a-class-name-twice", {"label_names": ["no", "no"]}, "params.yaml: data.label_names: 'no' is listed twice"),
+]
+
+
+@pytest.mark.parametrize("data,message", [case[1:] for case in BAD_OWN_PARAMS], ids=[c[0] for c in BAD_OWN_PARAMS])
+def test_own_data_keys_naming_a_column_twice_are_refused(tmp_path, monkeypatch, data, message):
+    with pytest.raises(ParamsError, match=f"^{re.escape(message)}$"):
+        _own(tmp_path, monkeypatch, _own_good(), **data)
+    _assert_nothing_written(tmp_path / "data" / "raw")
+
+
+def test_class_names_for_a_regression_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(ParamsError, match=r"^params.yaml: data.label_names is set, but the task is a regression "
+                                          r"\(data/own/train.csv's labels are floats"):
+        _own(tmp_path, monkeypatch, _regression(), label_names=["low", "high"])
 
 
 def test_the_good_own_files_load(tmp_path, monkeypatch):

@@ -24,10 +24,13 @@ LOCKED_EXTRAS = ("test", "tune", "serve")
 
 
 def parse_lock(text: str) -> dict[str, dict]:
-    """pip-compile's output as {canonical name: {"version", "hashes", "via"}}.
+    """requirements.lock, as pip-compile writes it, as {canonical name: {"version", "hashes", "via"}}.
 
     An entry is ``name==version \\`` then its ``--hash=sha256:…`` lines, then ``# via x`` or ``# via`` and one
-    ``#   x`` line per dependent.
+    ``#   x`` line per dependent. Hand-written for this one file's format: the venv has no public parser of
+    requirement files that keeps the ``# via`` comments (pip-requirements-parser isn't a dependency; pip's and
+    pip-tools' parsers are their internals, ``pip._internal``), and any line it doesn't know fails the tests, so a
+    pip-tools bump that changes the format is caught here.
     """
     entries: dict[str, dict] = {}
     entry = None
@@ -65,7 +68,7 @@ def project_requirements() -> list[Requirement]:
     return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
-def test_every_project_requirement_is_pinned_at_an_allowed_version():
+def test_our_lock_pins_every_pyproject_requirement_at_a_version_it_allows():
     problems = []
     for req in project_requirements():
         pin = LOCKED.get(canonicalize_name(req.name))
@@ -76,7 +79,7 @@ def test_every_project_requirement_is_pinned_at_an_allowed_version():
     assert not problems, "pyproject.toml changed without regenerating requirements.lock:\n" + "\n".join(problems)
 
 
-def test_the_locks_direct_dependencies_are_exactly_pyprojects():
+def test_our_locks_direct_dependencies_are_exactly_our_pyprojects():
     direct = {name for name, pin in LOCKED.items() if f"{PROJECT} (pyproject.toml)" in pin["via"]}
     wanted = {canonicalize_name(r.name) for r in project_requirements()}
     assert direct == wanted, (
@@ -85,7 +88,7 @@ def test_the_locks_direct_dependencies_are_exactly_pyprojects():
     )
 
 
-def test_every_pin_is_exact_with_hashes():
+def test_every_pin_of_our_lock_is_exact_with_sha256_hashes():
     assert len(LOCKED) > 50  # the parser read the whole lock
     for name, pin in LOCKED.items():
         Version(pin["version"])  # a version, not a range
@@ -93,16 +96,17 @@ def test_every_pin_is_exact_with_hashes():
         assert all(h.startswith("sha256:") for h in pin["hashes"]), name
 
 
-def test_torch_is_the_cpu_wheel():
+def test_our_lock_pins_the_cpu_torch_wheel():
     # The CPU build by its local version label: pip takes the CPU wheel and never PyPI's CUDA build of 2.13.0.
     # GPU machines install their own build first (TORCH_SPEC, .ci/setup) and the lock without this line.
     assert LOCKED["torch"]["version"] == "2.13.0+cpu"
 
 
-def test_the_header_names_the_command_that_made_it():
+def test_our_locks_header_names_the_pip_compile_command_over_our_pyproject():
     lines = LOCK.read_text().splitlines()
     header = "\n".join(lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))])
-    # (pip-compile writes its options here but not --upgrade-package, the torch pin: test_torch_is_the_cpu_wheel)
+    # (pip-compile writes its options here but not --upgrade-package, the torch pin:
+    # test_our_lock_pins_the_cpu_torch_wheel)
     for option in ("pip-compile", "--extra=test", "--extra=tune", "--extra=serve", "--generate-hashes",
                    "--allow-unsafe",
                    "--output-file=requirements.lock", "pyproject.toml"):

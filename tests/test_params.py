@@ -65,18 +65,29 @@ def test_the_device_names_the_cpu_and_its_bf16_instructions(cpuinfo):
         assert hardware.resolve_mixed_precision("auto") == "no"  # auto is fp32 on such a CPU
 
 
-@pytest.mark.parametrize("flags,precision,expected", [
-    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile", "bf16", "AMX-BF16 (oneDNN)"),
-    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16", "bf16", "AVX512-BF16 (oneDNN)"),
-    ("avx2 fma avx512f avx512bw avx512vl avx512dq", "bf16", "bf16 converted to fp32 on AVX512 (no bf16 instructions)"),
-    ("avx2 fma", "bf16", "bf16 converted to fp32 on AVX2 (no bf16 instructions)"),
-    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16", "no", "AVX512 (MKL sgemm)"),
-    ("avx2 fma", "no", "AVX2-FMA (MKL sgemm)"),
+@pytest.mark.parametrize("flags,precision,capability,expected", [
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16 amx_bf16 amx_tile", "bf16", "AVX512",
+     "AMX-BF16 (oneDNN)"),
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16", "bf16", "AVX512", "AVX512-BF16 (oneDNN)"),
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq", "bf16", "AVX512",
+     "bf16 converted to fp32 on AVX512 (no bf16 instructions)"),
+    ("avx2 fma", "bf16", "AVX2", "bf16 converted to fp32 on AVX2 (no bf16 instructions)"),
+    ("avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16", "no", "AVX512", "AVX512 (MKL sgemm)"),
+    ("avx2 fma", "no", "AVX2", "AVX2 (MKL sgemm)"),
 ], ids=["amx", "avx512-bf16", "avx512-emulated", "avx2-emulated", "fp32-avx512", "fp32-avx2"])
-def test_the_matmul_instructions_follow_precision_and_flags(flags, precision, expected):
+def test_the_matmul_instructions_follow_precision_flags_and_torchs_capability(flags, precision, capability, expected):
     from finetune.hardware import matmul_isa
 
-    assert matmul_isa(precision, set(flags.split())) == expected
+    assert matmul_isa(precision, set(flags.split()), capability) == expected
+
+
+def test_the_fp32_matmul_names_what_torch_dispatches_to():
+    import torch
+
+    from finetune.hardware import matmul_isa
+
+    # read from torch, not guessed from the flags: the same instruction set as numerics' vector_kernels
+    assert matmul_isa("no", set()) == f"{torch.backends.cpu.get_cpu_capability()} (MKL sgemm)"
 
 
 def test_numerics_records_vendor_model_threads_and_instructions(cpuinfo):

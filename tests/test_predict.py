@@ -6,7 +6,9 @@ positions, and Ctrl-C in a stage is one line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -183,3 +185,46 @@ def test_ctrl_c_in_a_stage_is_one_line(capsys):
         run_stage(stage)
     assert exit_.value.code == 130
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_folder_of_prepared_data_is_not_a_model(model, pairs, tmp_path, capsys):
+    data = tmp_path / "raw"
+    data.mkdir()
+    (data / "task.json").write_text((model / "task.json").read_text())  # like data/raw: a task.json, no model
+    error = error_of([pairs, "--model", data, "--out", tmp_path / "out.csv"], capsys)
+    assert error == (f"ERROR: {data}: no config.json; --model needs a fine-tuned model folder (models/finetuned) or "
+                     "--form a form of models/exported")
+
+
+@pytest.mark.parametrize("content,message", [(None, "is a folder; name a file"), ("", "the file is empty"),
+                                             ("sentence1,sentence2\n", "has no rows")])
+def test_an_input_without_rows_is_named(model, tmp_path, capsys, content, message):
+    file = tmp_path / "new.csv"
+    file.mkdir() if content is None else file.write_text(content)
+    error = error_of([file, "--model", model, "--out", tmp_path / "out.csv"], capsys)
+    assert error == f"ERROR: {file}: split 'input': {message}"
+
+
+def test_summarize_names_an_unknown_revision(tmp_path, monkeypatch):
+    import subprocess
+
+    from tools.summarize import load_experiments
+
+    monkeypatch.chdir(tmp_path)
+    for cmd in (["git", "init", "-q"], ["git", "commit", "-q", "--allow-empty", "-m", "first"]):
+        subprocess.run(cmd, check=True, env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                                             "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], check=True)
+    with pytest.raises(SystemExit, match=r"^ERROR: --rev: unknown Git revision 'nosuch'"):
+        load_experiments(["*"], revs=["nosuch"])
+
+
+def test_report_out_must_be_a_folder(tmp_path, capsys):
+    from tools.report import main as report_main
+
+    file = tmp_path / "README.md"
+    file.write_text("a file")
+    with pytest.raises(SystemExit) as exit_:
+        report_main(["--out", str(file)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"--out {file}: is a file; name a folder")

