@@ -41,7 +41,7 @@ def course_dataloaders() -> tuple:
 def course_evaluate(model, eval_dataloader, device: torch.device) -> dict:
     """The course's evaluation loop: argmax predictions over ``eval_dataloader`` into the GLUE MRPC metric (the
     project's local metric module). Returns ``{"accuracy": ..., "f1": ...}``."""
-    from finetune.evaluation import load_metric
+    from finetune.evaluate.evaluation import load_metric
     from finetune.tasks import glue_task
 
     metric = load_metric(glue_task("mrpc"))
@@ -115,7 +115,7 @@ def trainer(max_steps: int | None) -> dict:
         TrainingArguments,
     )
 
-    from finetune.evaluation import load_metric
+    from finetune.evaluate.evaluation import load_metric
     from finetune.tasks import glue_task
 
     start = time.perf_counter()

@@ -30,8 +30,8 @@ def project(max_steps: int | None, overrides: dict | None = None, checkpoint: st
         ParamsError: an override names an unknown key or gives a bad value.
         SourceError: ``checkpoint`` can't be found.
     """
-    from finetune.predictions import evaluate_model
-    from finetune.training import train
+    from finetune.evaluate.predictions import evaluate_model
+    from finetune.train.loop import train
     from stages.download import download_checkpoint
     from stages.tokenize import tokenize_splits
 

@@ -1,5 +1,5 @@
 """Serving benchmark, side by side in one run: what a user would write (``pipeline("text-classification")``, fp32)
-against each served form of the export stage (finetune/export.py), on GLUE MRPC validation pairs.
+against each served form of the export stage (finetune/export/make.py), on GLUE MRPC validation pairs.
 
 Per model and way: batch 1 latency (p50 and p95 over the first ``--latency-pairs`` pairs, tokenizing included, in
 milliseconds) and batch 32 throughput (pairs/s over all 408 pairs, tokenizing included), with validation accuracy
@@ -43,12 +43,12 @@ from transformers import AutoTokenizer, pipeline
 
 from benchmarks.machine import int8_gops, machine, matmul_gflops
 from benchmarks.workspace import check_workspace
-from finetune.export import bf16_unsupported, make_forms
-from finetune.forms import PYTORCH, load_form
+from finetune.data.sources import resolve_checkpoint
+from finetune.export.forms import PYTORCH, load_form
+from finetune.export.make import bf16_unsupported, make_forms
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.params import load_params
 from finetune.paths import Paths, project_path
-from finetune.sources import resolve_checkpoint
 from finetune.tables import markdown_table
 from finetune.tasks import TASK_FILE, Task, glue_task
 
@@ -133,7 +133,7 @@ def export_base(checkpoint: str, folder: Path) -> Path:
     checkpoint gets a fresh MRPC head (seed 0)."""
     from datasets import DatasetDict
 
-    from finetune.tokenization import tokenize
+    from finetune.data.tokenization import tokenize
 
     torch.manual_seed(0)
     source, p, tuned = resolve_checkpoint(checkpoint).path, load_params().export, fine_tuned(checkpoint)

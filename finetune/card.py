@@ -3,7 +3,7 @@
 The YAML header is huggingface_hub's ``ModelCardData``, what ``ModelCard.load`` and the Hub read: the base model,
 the dataset, the license where known, the task's metrics and metrics/eval.json as ``model-index`` results (one
 ``EvalResult`` per labeled split and metric). The body is the Jinja template finetune/model_card.md.j2, filled with
-the task and its labels, how to use the model, the evaluation with the collapse check (finetune/collapse.py), the
+the task and its labels, how to use the model, the evaluation with the collapse check (finetune/evaluate/collapse.py), the
 params of the run, the per-epoch validation table (DVCLive's epoch log), the hardware and precision, and where the
 model came from: the git commit and the hashes that dvc.lock holds for the outputs of the stages before.
 
@@ -25,9 +25,9 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ruamel.yaml import YAMLError
 
-from finetune.checkpoint import check_checkpoint
-from finetune.collapse import describe_constant
 from finetune.errors import PipelineError
+from finetune.evaluate.collapse import describe_constant
+from finetune.modeling import check_checkpoint
 from finetune.params import DataParams, Params
 from finetune.paths import EVALUATION_LOGS, Paths
 from finetune.runtime import atomic_dir, yaml_reader
@@ -143,7 +143,7 @@ def evaluation_table(task: Task, evaluation: dict) -> str:
 
 def collapse_notes(task: Task, evaluation: dict) -> list[dict]:
     """Per labeled split of metrics/eval.json, ``{"split", "text", "collapsed"}``: the model's main metric against
-    the constant baseline's (train's majority class or mean score, finetune/collapse.py) in words."""
+    the constant baseline's (train's majority class or mean score, finetune/evaluate/collapse.py) in words."""
     main, notes = task.metrics[0], []
     for split, s in evaluation.items():
         if not has_metrics(s):

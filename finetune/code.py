@@ -18,7 +18,7 @@ PACKAGES = ("finetune", "stages", "tools", "benchmarks")
 
 
 def module_path(name: str) -> Path | None:
-    """The file of project module ``name`` (e.g. 'finetune.loading'), or None for a package or a module elsewhere."""
+    """The file of project module ``name`` (e.g. 'finetune.data.loading'), or None for a package or a module elsewhere."""
     if name.split(".")[0] not in PACKAGES:
         return None
     path = ROOT.joinpath(*name.split(".")).with_suffix(".py")

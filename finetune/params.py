@@ -158,7 +158,7 @@ class EvaluateParams(_Section):
 
 
 class TransferParams(_Section):
-    """Unlabelled pairs the teacher labels for the student (finetune/transfer.py, docs/distillation.md)."""
+    """Unlabelled pairs the teacher labels for the student (finetune/distill/transfer.py, docs/distillation.md)."""
 
     kind: Literal["neighbours", "files"] | None  # null: no transfer set
     k: PositiveInt  # neighbours: the nearest train texts paired with each train text
@@ -186,7 +186,7 @@ class TransferParams(_Section):
 
 
 class DistillParams(_Section):
-    """Knowledge distillation from a fine-tuned teacher (finetune/distill.py, docs/distillation.md)."""
+    """Knowledge distillation from a fine-tuned teacher (finetune/distill/loss.py, docs/distillation.md)."""
 
     teacher: str | None = Field(min_length=1)  # a fine-tuned save_pretrained folder under models/own (null: off)
     alpha: float = Field(ge=0, le=1)  # weight of the soft loss: (1 - alpha) x hard + alpha x soft
@@ -217,7 +217,7 @@ class OpenVinoParams(_Section):
 
 
 class ExportParams(_Section):
-    """The served forms of the fine-tuned model (finetune/export.py, docs/serving.md)."""
+    """The served forms of the fine-tuned model (finetune/export/make.py, docs/serving.md)."""
 
     forms: list[Literal["onnx-fp32", "onnx-int8", "torch-bf16", "openvino-fp32", "openvino-bf16",
                         "openvino-int8"]]  # [] makes none

@@ -71,7 +71,7 @@ class Paths:
         return self.root / "data" / "tokenized"
 
     @property
-    def teacher(self) -> Path:  # teacher: the teacher's train logits and teacher.json (finetune/teacher.py)
+    def teacher(self) -> Path:  # teacher: the teacher's train logits and teacher.json (finetune/distill/teacher.py)
         return self.root / "data" / "teacher"
 
     @property
@@ -91,7 +91,7 @@ class Paths:
         return self.root / "models" / "finetuned"
 
     @property
-    def exported(self) -> Path:  # export: one folder per served form (finetune/export.py)
+    def exported(self) -> Path:  # export: one folder per served form (finetune/export/make.py)
         return self.root / "models" / "exported"
 
     @property

@@ -3,7 +3,7 @@ download stage and saved beside the data (``task.json``) for every later stage, 
 
 GLUE's nine tasks are known by name (``GLUE_TASKS``, from the GLUE paper, Wang et al. 2018,
 https://arxiv.org/abs/1804.07461, and the Hub's ``nyu-mll/glue`` card); the user's own files are described by
-``data.*`` params, and what they leave open is read off the data (``finetune.prepare.prepare_raw``).
+``data.*`` params, and what they leave open is read off the data (``finetune.data.prepare.prepare_raw``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ GLUE_TASKS = {
 }
 GLUE_DATASETS = ("nyu-mll/glue", "glue")  # Hub ids whose configs must be GLUE tasks
 
-# The metrics of the user's own data, by kind (finetune/glue_metric.py computes them under these config names).
+# The metrics of the user's own data, by kind (finetune/evaluate/glue_metric.py computes them under these config names).
 OWN_METRICS = {"binary": ("f1", "accuracy"), "multiclass": ("macro_f1", "accuracy"),
                "regression": ("pearson", "spearmanr", "mse")}
 LOWER_IS_BETTER = {"loss", "mse"}
@@ -56,7 +56,7 @@ class Task:
     """The task of a prepared dataset.
 
     ``label_names`` are the class names in id order (None for regression); ``metric_config`` is the config of
-    finetune/glue_metric.py that scores it (a GLUE task name, or binary / multiclass / regression for own data);
+    finetune/evaluate/glue_metric.py that scores it (a GLUE task name, or binary / multiclass / regression for own data);
     ``positive_label`` is the id whose F1 is reported for binary own data.
     """
 

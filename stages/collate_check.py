@@ -1,6 +1,6 @@
 """Stage 3, collate-check: every batch that training and evaluation will see obeys the dynamic-padding rules.
 
-Builds the DataLoaders with the same code as training (finetune.batches) and checks the batches of every split,
+Builds the DataLoaders with the same code as training (finetune.data.batches) and checks the batches of every split,
 then runs one forward pass of the pretrained model. Writes metrics/collate_check.json; any broken rule exits
 non-zero with a message naming the split, the batch and the rule.
 
@@ -20,15 +20,15 @@ from datasets import load_from_disk
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from finetune.batches import evaluation_batches, make_collator, train_dataloader
+from finetune.data.batches import evaluation_batches, make_collator, train_dataloader
+from finetune.data.prepare import is_labeled, present_splits
+from finetune.data.tokenization import token_lengths
 from finetune.errors import CollateError
 from finetune.modeling import load_classifier
 from finetune.params import Params, load_params
 from finetune.paths import Paths
 from finetune.runtime import run_stage, write_json
-from finetune.splits import is_labeled, present_splits
 from finetune.tasks import Task
-from finetune.tokenization import token_lengths
 
 log = logging.getLogger(__name__)
 

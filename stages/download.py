@@ -15,13 +15,13 @@ from pathlib import Path
 from datasets import DatasetDict
 from transformers import AutoTokenizer
 
-from finetune.loading import load_files, load_raw
+from finetune.data.loading import load_files, load_raw
+from finetune.data.prepare import carve_validation, data_columns, prepare_raw, split_summary
+from finetune.data.sources import resolve_checkpoint, resolve_dataset, resolve_files
 from finetune.modeling import load_encoder
 from finetune.params import DataParams, load_params
 from finetune.paths import Paths, project_path
-from finetune.prepare import carve_validation, data_columns, prepare_raw, split_summary
 from finetune.runtime import atomic_dir, run_stage, write_json
-from finetune.sources import resolve_checkpoint, resolve_dataset, resolve_files
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Stage 8, export: the fine-tuned model (models/finetuned) in the forms that serve it, each checked against it.
 
-Writes models/exported/<form>/ for each of ``export.forms`` (finetune/export.py: ONNX fp32, ONNX int8, bf16
-PyTorch where the hardware has bf16; finetune/openvino_forms.py: OpenVINO fp32, bf16 and NNCF int8), each with the
+Writes models/exported/<form>/ for each of ``export.forms`` (finetune/export/make.py: ONNX fp32, ONNX int8, bf16
+PyTorch where the hardware has bf16; finetune/export/openvino.py: OpenVINO fp32, bf16 and NNCF int8), each with the
 tokenizer, config.json, task.json and the model card, and metrics/export.json:
 
     {"pytorch": {"validation": {<the task's metrics>}, ..., "size_mb", "speed": {"batch_1_p50_ms", ...}},
@@ -16,7 +16,7 @@ gets a WARNING in the log and a ``warning`` in export.json, which the model card
 
 Each form at parity (no warning; with no labeled split, the fp32 forms only) and the PyTorch model are then timed
 on the first validation rows, tokenizing
-excluded (``finetune.forms.form_speed``: median ms at batch 1, rows/s at batch 32), and ``fastest_at_parity`` names
+excluded (``finetune.export.forms.form_speed``: median ms at batch 1, rows/s at batch 32), and ``fastest_at_parity`` names
 the fastest at each batch size on this machine, which the chosen form's card repeats. Timings move with the CPU
 and what else runs on it; ``benchmarks/serve.py`` compares the forms from text against ``pipeline()``.
 """
@@ -54,16 +54,16 @@ def export_model(params: Params, paths: Paths) -> dict:
         ExportError: a form can't be made, or an fp32 form's logits differ from PyTorch's beyond
             ``export.fp32_tolerance``; the message names the form, the split and the difference.
     """
-    from datasets import load_from_disk  # imported here, as in finetune/teacher.py: no forms, no torch
+    from datasets import load_from_disk  # imported here, as in finetune/distill/teacher.py: no forms, no torch
     from transformers import AutoTokenizer
 
-    from finetune.batches import evaluation_loader
-    from finetune.evaluation import evaluate_split, load_metric
-    from finetune.export import file_size_mb, make_forms
-    from finetune.forms import PYTORCH, load_form
+    from finetune.data.batches import evaluation_loader
+    from finetune.data.prepare import is_labeled, present_splits
+    from finetune.evaluate.evaluation import evaluate_split, load_metric
+    from finetune.export.forms import PYTORCH, load_form
+    from finetune.export.make import file_size_mb, make_forms
     from finetune.modeling import load_finetuned
     from finetune.runtime import make_accelerator, set_cpu_threads
-    from finetune.splits import is_labeled, present_splits
     from finetune.tasks import Task
 
     p = params.export
@@ -107,15 +107,15 @@ def export_model(params: Params, paths: Paths) -> dict:
 
 def time_forms(results: dict, classifiers: dict, tokenized: DatasetDict, tokenizer) -> dict:
     """Time each of ``classifiers`` (PyTorch and the forms at parity: without a ``warning``, and only fp32 ones when no
-    split has labels) on the tokenized validation split (``finetune.forms.form_speed``; train where there is none),
+    split has labels) on the tokenized validation split (``finetune.export.forms.form_speed``; train where there is none),
     adding its ``speed`` to ``results``, in the process that exported (``benchmarks/serve.py`` times the forms in a
     fresh process, from text).
 
     Returns:
         ``fastest_at_parity``: this machine, and the fastest form at batch 1 and at batch 32.
     """
-    from finetune.batches import make_collator
-    from finetune.forms import SPEED_ROWS, fastest, form_speed
+    from finetune.data.batches import make_collator
+    from finetune.export.forms import SPEED_ROWS, fastest, form_speed
     from finetune.hardware import describe_device
 
     collator, rows = make_collator(tokenizer), tokenized["validation" if "validation" in tokenized else "train"]
@@ -132,7 +132,7 @@ def rounded(metrics: dict) -> dict:
 def parity(logits: torch.Tensor, reference: torch.Tensor, task: Task) -> dict:
     """How far a form's ``logits [examples, num_labels]`` are from the PyTorch model's: ``agreement`` (share of equal
     predictions; classification only) and ``max_abs_logit_diff``."""
-    from finetune.evaluation import predictions_of
+    from finetune.evaluate.evaluation import predictions_of
 
     out = {"max_abs_logit_diff": float(f"{(logits - reference).abs().max().item():.3g}")}
     if not task.is_regression:

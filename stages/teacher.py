@@ -4,7 +4,7 @@ With ``distill.teacher`` (a fine-tuned model folder under models/own, of any fam
 the train split's texts of data/raw with its own tokenizer, in the row order of data/tokenized, and writes
 data/teacher/: ``logits.npy`` (``[rows, num_labels]`` float32) and ``teacher.json`` (its identity: folder, model
 type, weights' sha256, labels, rows, seconds); with ``distill.transfer`` also the transfer set (unlabelled pairs,
-finetune/transfer.py) and its logits: ``transfer.parquet`` and ``transfer_logits.npy``. With ``distill.teacher:
+finetune/distill/transfer.py) and its logits: ``transfer.parquet`` and ``transfer_logits.npy``. With ``distill.teacher:
 null`` it writes only ``teacher.json`` saying distillation is off, loading nothing. The folder is written atomically.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 
+from finetune.distill.teacher import save_teacher, teacher_logits, write_off
 from finetune.params import load_params
 from finetune.paths import Paths
 from finetune.runtime import run_stage
-from finetune.teacher import save_teacher, teacher_logits, write_off
 
 log = logging.getLogger(__name__)
 

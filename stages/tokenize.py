@@ -13,11 +13,11 @@ from pathlib import Path
 from datasets import load_from_disk
 from transformers import AutoConfig, AutoTokenizer
 
+from finetune.data.tokenization import length_stats, position_limit, tokenize, truncation_length
 from finetune.params import Params, load_params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir, run_stage, write_json
 from finetune.tasks import Task
-from finetune.tokenization import length_stats, position_limit, tokenize, truncation_length
 
 log = logging.getLogger(__name__)
 

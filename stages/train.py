@@ -1,6 +1,6 @@
 """Stage 5, train: fine-tune the pretrained checkpoint on the train split with an explicit loop on Accelerate.
 
-The loop itself is finetune/training.py. Run as ``python -m stages.train`` (dvc.yaml): one process, or when
+The loop itself is finetune/train/loop.py. Run as ``python -m stages.train`` (dvc.yaml): one process, or when
 ``train.accelerate_config`` asks for more, the stage hands itself over to ``accelerate launch`` with that config
 (``finetune.runtime.launch_if_distributed``). Writes models/trained/ (model + tokenizer, task.json; the card stage
 copies it to models/finetuned/ with its model card), models/checkpoints/, metrics/train.json and the DVCLive logs
@@ -24,7 +24,7 @@ def main() -> None:
     # Imported after the hand-over: a process that only starts `accelerate launch` never loads torch (about 5 s).
     from accelerate import PartialState
 
-    from finetune.training import train
+    from finetune.train.loop import train
 
     metrics = train(params, paths)
     if PartialState().is_main_process:

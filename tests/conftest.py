@@ -67,8 +67,8 @@ def tiny_checkpoint(tokenizer, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_tokenized(tiny_raw, tokenizer, tmp_path_factory):
     """The tiny dataset tokenized by the pipeline's own code, saved like data/tokenized."""
+    from finetune.data.tokenization import tokenize
     from finetune.tasks import glue_task
-    from finetune.tokenization import tokenize
 
     folder = tmp_path_factory.mktemp("tokenized")
     tokenize(tiny_raw, tokenizer, 128, glue_task("mrpc").text_columns).save_to_disk(str(folder))

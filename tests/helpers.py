@@ -361,7 +361,7 @@ def exp_show(root: Path) -> dict[str, dict]:
 def interrupt_and_resume(params: Params, paths: Paths, monkeypatch, step: int = 7) -> dict:
     """Train in this process, interrupted (KeyboardInterrupt) when optimizer step ``step`` is logged, check that
     nothing looks finished, then train again (a resume); returns the second run's metrics."""
-    from finetune import training
+    from finetune.train import loop as training
 
     log_step = training.TrainLog.log_step
 

@@ -1,4 +1,4 @@
-"""The collapse check (finetune/collapse.py): the constant baseline of every metric, the rule, the warning, and the
+"""The collapse check (finetune/evaluate/collapse.py): the constant baseline of every metric, the rule, the warning, and the
 train and evaluate stages on a tiny model forced to predict one class and on one whose predictions follow the gold."""
 
 import logging
@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from finetune import predictions, training
-from finetune import run as run_module
-from finetune.collapse import collapse_check, constant_baseline, end_of_run, warn_if_collapsed
-from finetune.evaluation import load_metric, score
-from finetune.predictions import evaluate_model
+from finetune.evaluate import predictions
+from finetune.evaluate.collapse import collapse_check, constant_baseline, end_of_run, warn_if_collapsed
+from finetune.evaluate.evaluation import load_metric, score
+from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import glue_task, own_task
-from finetune.training import train
+from finetune.train import loop as training
+from finetune.train import run as run_module
+from finetune.train.loop import train
 from tests.helpers import force_one_class, save_collapsed_model, tiny_params
 
 MRPC, RTE = glue_task("mrpc"), glue_task("rte")
@@ -21,7 +22,7 @@ THREE = own_task(("text",), ("a", "b", "c"))
 
 
 def warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "finetune.collapse" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "finetune.evaluate.collapse" and r.levelno == logging.WARNING]
 
 
 def baseline(task, train_labels, gold):
@@ -68,7 +69,7 @@ def test_a_model_that_follows_the_gold_has_not_collapsed_and_one_that_predicts_o
     metrics = score(metric, MRPC, ones, labels)
     report = collapse_check(MRPC, metrics, ones, base)
     assert report["most_predicted"] == {"class": "not_equivalent", "share": 1.0} and report["collapsed"]
-    with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
+    with caplog.at_level(logging.WARNING, logger="finetune.evaluate.collapse"):
         warn_if_collapsed("validation", MRPC, {}, follows)
         assert not warnings(caplog)
         warn_if_collapsed("validation", MRPC, metrics, report)
@@ -107,7 +108,7 @@ def test_regression_collapses_when_it_does_not_correlate(caplog):
     constant = np.full(5, 2.2)
     metrics = score(metric, task, constant, scores)
     report = collapse_check(task, metrics, constant, base)
-    with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
+    with caplog.at_level(logging.WARNING, logger="finetune.evaluate.collapse"):
         warn_if_collapsed("test", task, metrics, report)
     [warning] = warnings(caplog)
     assert report["collapsed"] and "constant model): its pearson 0.0000 against 0.0000 by always predicting " \
@@ -118,14 +119,14 @@ def test_regression_collapses_when_it_does_not_correlate(caplog):
 # evaluate warns and writes the check.
 
 def collapse_records(caplog) -> list[tuple[str, str]]:
-    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "finetune.collapse"]
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "finetune.evaluate.collapse"]
 
 
 def test_training_a_model_forced_to_one_class_notes_every_epoch_and_warns_once(tiny_project, tiny_raw, monkeypatch,
                                                                               caplog):
     load_classifier = run_module.load_classifier
     monkeypatch.setattr(run_module, "load_classifier", lambda *args: force_one_class(load_classifier(*args), 0))
-    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+    with caplog.at_level(logging.INFO, logger="finetune.evaluate.collapse"):
         metrics = train(tiny_params(), tiny_project())
     records = collapse_records(caplog)
     notes = ("no better than a constant model yet: it predicts 'not_equivalent' for 100.0% of the rows; f1 0.0000 "
@@ -159,7 +160,7 @@ def validation_by_epoch(collapsed_epochs: set[int]):
 
 def test_a_run_that_recovers_after_a_collapsed_epoch_does_not_warn(tiny_project, monkeypatch, caplog):
     monkeypatch.setattr(training, "evaluate_split", validation_by_epoch({1}))
-    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+    with caplog.at_level(logging.INFO, logger="finetune.evaluate.collapse"):
         metrics = train(tiny_params(train={"keep_best": True}), tiny_project())  # epoch 2 is the best
     records = collapse_records(caplog)
     assert [level for level, _ in records] == ["INFO", "INFO"]
@@ -173,7 +174,7 @@ def test_a_run_that_recovers_after_a_collapsed_epoch_does_not_warn(tiny_project,
 
 def test_a_kept_model_that_collapsed_warns_even_when_an_earlier_epoch_did_not(tiny_project, monkeypatch, caplog):
     monkeypatch.setattr(training, "evaluate_split", validation_by_epoch({2}))
-    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+    with caplog.at_level(logging.INFO, logger="finetune.evaluate.collapse"):
         metrics = train(tiny_params(train={"keep_best": False}), tiny_project())  # the last epoch's is kept
     (_, note), (level, verdict) = collapse_records(caplog)
     assert note.startswith("validation, epoch 2: no better than a constant model yet") and level == "WARNING"
@@ -183,7 +184,7 @@ def test_a_kept_model_that_collapsed_warns_even_when_an_earlier_epoch_did_not(ti
 
 
 def test_the_verdict_names_the_collapsed_epochs(caplog):
-    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+    with caplog.at_level(logging.INFO, logger="finetune.evaluate.collapse"):
         assert end_of_run({"1": "x", "2": "y"}, 4, 3) == {"collapsed_epochs": [1, 2], "kept_model_collapsed": False}
         assert end_of_run({"2": "y", "3": "z"}, 4, 3) == {"collapsed_epochs": [2, 3], "kept_model_collapsed": True}
     assert collapse_records(caplog) == [
@@ -196,7 +197,7 @@ def test_the_verdict_names_the_collapsed_epochs(caplog):
 
 def test_a_run_with_no_collapsed_epoch_says_so_at_info(tiny_project, monkeypatch, caplog):
     monkeypatch.setattr(training, "evaluate_split", validation_by_epoch(set()))
-    with caplog.at_level(logging.INFO, logger="finetune.collapse"):
+    with caplog.at_level(logging.INFO, logger="finetune.evaluate.collapse"):
         metrics = train(tiny_params(), tiny_project())
     assert collapse_records(caplog) == [("INFO", "Collapse check on validation: no epoch of 2 was collapsed")]
     assert metrics["collapse"] == {"collapsed_epochs": [], "kept_model_collapsed": False}
@@ -205,7 +206,7 @@ def test_a_run_with_no_collapsed_epoch_says_so_at_info(tiny_project, monkeypatch
 def test_evaluate_writes_the_check_of_a_collapsed_model_and_warns(tiny_project, tiny_raw, caplog):
     paths = tiny_project()
     save_collapsed_model(paths, MRPC, winner=1)
-    with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
+    with caplog.at_level(logging.WARNING, logger="finetune.evaluate.collapse"):
         results = evaluate_model(tiny_params(), paths)
     for split in ("validation", "test"):
         expected = baseline(MRPC, tiny_raw["train"]["label"], tiny_raw[split]["label"])
@@ -222,7 +223,7 @@ def test_evaluate_of_a_model_that_follows_the_gold_does_not_warn(tiny_project, m
     paths = tiny_project()
     save_collapsed_model(paths, MRPC, winner=1)  # its weights are not used: the logits follow the gold
     monkeypatch.setattr(predictions, "evaluate_split", validation_by_epoch(set()))
-    with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
+    with caplog.at_level(logging.WARNING, logger="finetune.evaluate.collapse"):
         results = evaluate_model(tiny_params(evaluate={"splits": ["validation"]}), paths)
     assert results["validation"]["collapsed"] is False and results["validation"]["f1"] == 1.0
     assert not warnings(caplog)

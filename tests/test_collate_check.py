@@ -5,7 +5,7 @@ import torch
 from datasets import load_from_disk
 from transformers import DataCollatorWithPadding
 
-from finetune.batches import eval_dataloader, make_collator, train_dataloader
+from finetune.data.batches import eval_dataloader, make_collator, train_dataloader
 from finetune.errors import CollateError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task, own_task

@@ -4,11 +4,11 @@ import pytest
 import torch
 from datasets import DatasetDict
 
-from finetune.batches import make_collator, train_dataloader
+from finetune.data.batches import make_collator, train_dataloader
+from finetune.data.prepare import prepare_raw
+from finetune.data.tokenization import length_stats, tokenize
 from finetune.errors import DataError
-from finetune.prepare import prepare_raw
 from finetune.tasks import glue_task
-from finetune.tokenization import length_stats, tokenize
 from tests.helpers import tiny_params
 
 MRPC = tiny_params().data  # data.config mrpc: GLUE's task, columns and labels
@@ -107,7 +107,7 @@ def test_evaluation_batches_leave_the_global_rng_alone(tiny_tokenized, tokenizer
     # Validation between epochs must not shift the dropout masks of the following epochs.
     from datasets import load_from_disk
 
-    from finetune.batches import eval_dataloader
+    from finetune.data.batches import eval_dataloader
 
     loader = eval_dataloader(load_from_disk(str(tiny_tokenized))["validation"], make_collator(tokenizer), 8)
     state = torch.get_rng_state()

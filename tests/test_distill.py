@@ -16,8 +16,8 @@ from datasets import Dataset, DatasetDict, load_from_disk
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from finetune.batches import TEACHER_LOGITS, make_collator
-from finetune.distill import (
+from finetune.data.batches import TEACHER_LOGITS, make_collator
+from finetune.distill.loss import (
     LOGITS_FILE,
     TEACHER_FILE,
     TRANSFER,
@@ -29,14 +29,14 @@ from finetune.distill import (
     load_teacher,
     with_teacher_logits,
 )
+from finetune.distill.teacher import save_teacher, teacher_logits
+from finetune.distill.transfer import make_transfer_set, neighbour_pairs
 from finetune.errors import DataError, ParamsError, TeacherError
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.params import TransferParams, with_overrides
 from finetune.paths import Paths
 from finetune.tasks import glue_task, own_task
-from finetune.teacher import save_teacher, teacher_logits
-from finetune.training import train
-from finetune.transfer import make_transfer_set, neighbour_pairs
+from finetune.train.loop import train
 from tests.helpers import (
     REPO,
     interrupt_and_resume,

@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from finetune.predictions import evaluate_model
+from finetune.evaluate.predictions import evaluate_model
 from tests.helpers import REPO, make_project, python, run, tiny_params
 
 CPU_2PROC = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"

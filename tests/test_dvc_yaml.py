@@ -45,19 +45,19 @@ def test_a_missing_import_or_metric_module_is_caught():
     # The drifts this check was written for: download importing a module it does not list, and train not listing the
     # metric module that picks the best epoch (loaded by path with evaluate.load, not imported).
     broken = copy.deepcopy(DVC_YAML)
-    broken["stages"]["download"]["deps"].remove("finetune/sources.py")
-    broken["stages"]["train"]["deps"] = [d for d in broken["stages"]["train"]["deps"] if d != "finetune/glue_metric.py"]
-    broken["stages"]["tokenize"]["deps"].append("finetune/training.py")
+    broken["stages"]["download"]["deps"].remove("finetune/data/sources.py")
+    broken["stages"]["train"]["deps"] = [d for d in broken["stages"]["train"]["deps"] if d != "finetune/evaluate/glue_metric.py"]
+    broken["stages"]["tokenize"]["deps"].append("finetune/train/loop.py")
     assert code_deps_drift(broken) == {
-        "download": {"missing": ["finetune/sources.py"], "extra": []},
-        "train": {"missing": ["finetune/glue_metric.py"], "extra": []},
-        "tokenize": {"missing": [], "extra": ["finetune/training.py"]},
+        "download": {"missing": ["finetune/data/sources.py"], "extra": []},
+        "train": {"missing": ["finetune/evaluate/glue_metric.py"], "extra": []},
+        "tokenize": {"missing": [], "extra": ["finetune/train/loop.py"]},
     }
 
 
 def test_imports_inside_functions_are_followed():
     # benchmarks.benchmark imports the stages inside a function; they count as code it runs.
-    assert {"stages/tokenize.py", "finetune/predictions.py", "finetune/training.py"} <= set(
+    assert {"stages/tokenize.py", "finetune/evaluate/predictions.py", "finetune/train/loop.py"} <= set(
         project_files("benchmarks.benchmark"))
 
 

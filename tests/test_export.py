@@ -1,4 +1,4 @@
-"""Issue 31: the export stage's served forms (finetune/export.py, finetune/forms.py, stages/export.py) with tiny
+"""Issue 31: the export stage's served forms (finetune/export/make.py, finetune/export/forms.py, stages/export.py) with tiny
 random models: each family exports and its ONNX fp32 logits equal PyTorch's, int8 quantizes (keeping the named
 modules fp32), the stage writes export.json and every form folder atomically, a corrupted export fails the stage
 naming the form, ``tools.predict --form`` gives the PyTorch form's predictions, and bad input stops with one line."""
@@ -14,10 +14,10 @@ import torch
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
-from finetune import export
 from finetune.errors import ExportError, ParamsError
-from finetune.export import export_onnx, module_of, quantize_int8
-from finetune.forms import OnnxClassifier, load_form
+from finetune.export import make as export
+from finetune.export.forms import OnnxClassifier, load_form
+from finetune.export.make import export_onnx, module_of, quantize_int8
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.paths import Paths
 from finetune.tasks import glue_task
@@ -238,7 +238,7 @@ OPENVINO = ["openvino-fp32", "openvino-bf16", "openvino-int8"]
 def test_openvino_forms_agree_with_pytorch_and_calibrate_on_train_rows_only(finetuned, tmp_path, monkeypatch):
     import nncf
 
-    from finetune import openvino_forms
+    from finetune.export import openvino as openvino_forms
     from tools.predict import predict
 
     params, paths = finetuned
@@ -285,7 +285,7 @@ def test_openvino_forms_agree_with_pytorch_and_calibrate_on_train_rows_only(fine
 
 
 def test_missing_openvino_is_named_and_the_other_forms_are_made(finetuned, monkeypatch, caplog):
-    from finetune import openvino_forms
+    from finetune.export import openvino as openvino_forms
 
     params, paths = finetuned
     real = openvino_forms.importlib.util.find_spec

@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from finetune.data.loading import FILE_FORMATS, WRITE_FORMATS, load_files
 from finetune.errors import ParamsError
-from finetune.loading import FILE_FORMATS, WRITE_FORMATS, load_files
 from finetune.params import Params
 from finetune.runtime import run_stage
-from finetune.training import train
+from finetune.train.loop import train
 from stages.tokenize import tokenize_splits
 from tests.helpers import reset_accelerate, tiny_params
 from tools.predict import main, predict

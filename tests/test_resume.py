@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from finetune.params import with_overrides
 from finetune.paths import Paths
 from finetune.runtime import write_json
-from finetune.training import train
+from finetune.train.loop import train
 from tests.helpers import REPO, make_project, make_raw, python, reset_accelerate, run, start, tiny_params
 
 EPOCHS = 3
@@ -136,7 +136,7 @@ def test_changed_code_changes_the_run_fingerprint(tmp_path, monkeypatch):
     monkeypatch.setattr(code, "ROOT", project)
     before = code.code_digest("stages.train")
     assert code.code_digest("stages.train") == before
-    metric = project / "finetune" / "glue_metric.py"
+    metric = project / "finetune" / "evaluate" / "glue_metric.py"
     metric.write_text(metric.read_text() + "\n# changed\n")
     assert code.code_digest("stages.train") != before
 
@@ -146,7 +146,7 @@ def test_the_resolved_precision_is_part_of_the_run_fingerprint(tiny_project):
     # must not continue the other machine's checkpoint.
     from datasets import load_from_disk
 
-    from finetune.resume import run_fingerprint
+    from finetune.train.resume import run_fingerprint
 
     params = tiny_params()
     paths = tiny_project("project", params)

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from finetune import sources
+from finetune.data import sources
+from finetune.data.sources import resolve_checkpoint, resolve_dataset
 from finetune.errors import SourceError
 from finetune.paths import project_path
-from finetune.sources import resolve_checkpoint, resolve_dataset
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from finetune import sources, split_zip
+from finetune.data import sources, split_zip
+from finetune.data.split_zip import SplitZip, assemble
 from finetune.errors import SourceError
-from finetune.split_zip import SplitZip, assemble
 
 NAME = "org/tiny-split"
 PACKAGES = ("tiny-split-part-001", "tiny-split-part-002", "tiny-split-part-003")

@@ -12,10 +12,10 @@ from sklearn.metrics import f1_score, matthews_corrcoef
 from transformers import AutoModelForSequenceClassification, pipeline
 
 from finetune.errors import ParamsError
-from finetune.evaluation import load_metric
-from finetune.predictions import evaluate_model
+from finetune.evaluate.evaluation import load_metric
+from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import GLUE_TASKS, glue_task, own_task
-from finetune.training import train
+from finetune.train.loop import train
 from stages.download import download_dataset
 from stages.tokenize import tokenize_splits
 from tests.helpers import make_split, own_frame, reset_accelerate, tiny_params, write_hub_folder, write_own_file
@@ -192,7 +192,7 @@ def test_own_data_trains_evaluates_and_predicts_with_names(project_root, tiny_ch
     results = evaluate_model(params, paths)
     reset_accelerate()
     # The task's metrics, then the collapse check: the constant baseline scored by the same metrics, and for
-    # classification the most predicted class (finetune/collapse.py).
+    # classification the most predicted class (finetune/evaluate/collapse.py).
     regression = kind == "pair-regression"
     check = {"baseline", "collapsed"} | (set() if regression else {"most_predicted"})
     assert set(results["validation"]) == metrics | {"examples"} | check and set(results) == {"validation", "test"}
@@ -258,7 +258,7 @@ def test_another_glue_task_by_name_trains_and_evaluates_its_metric(project_root,
     tokenize_splits(params, paths)
     metrics = train(params, paths)
     reset_accelerate()
-    with caplog.at_level(logging.WARNING, logger="finetune.splits"):
+    with caplog.at_level(logging.WARNING, logger="finetune.data.prepare"):
         evaluation = evaluate_model(params, paths)
     reset_accelerate()
     assert "No test split in the data (it has train, validation): skipped" in caplog.text
@@ -284,7 +284,7 @@ def test_three_class_own_data_is_held_to_the_collapse_check(project_root, tiny_c
     shutil.copytree(tiny_checkpoint, paths.pretrained)
     tokenize_splits(params, paths)
     save_collapsed_model(paths, Task.load(paths.raw), winner=1)  # 'neutral' for every row
-    with caplog.at_level(logging.WARNING, logger="finetune.collapse"):
+    with caplog.at_level(logging.WARNING, logger="finetune.evaluate.collapse"):
         result = evaluate_model(params, paths)["validation"]
 
     counts = own_frame("single-3", 30, 0)["mood"].value_counts()
@@ -293,7 +293,7 @@ def test_three_class_own_data_is_held_to_the_collapse_check(project_root, tiny_c
     assert result["baseline"] == {"class": majority, "share": round(share, 4), "accuracy": round(share, 4),
                                   "macro_f1": round(2 * share / (1 + share) / 3, 4)}
     assert result["most_predicted"] == {"class": "neutral", "share": 1.0} and result["collapsed"] is True
-    [warning] = [r.getMessage() for r in caplog.records if r.name == "finetune.collapse"]
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "finetune.evaluate.collapse"]
     assert warning.startswith("validation: the model looks collapsed (one class for nearly every row, or no better "
                               "than a constant model): it predicts 'neutral' for 100.0% of the rows; "
                               f"macro_f1 {result['macro_f1']:.4f} against {result['baseline']['macro_f1']:.4f} by "

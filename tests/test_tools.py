@@ -81,7 +81,7 @@ def test_metrics_no_experiment_has_are_left_out():
     df = pd.DataFrame({"validation.f1": [0.87, 0.88], "validation.pearson": ["None", None],
                        "validation.loss": [0.3, 0.4]}, index=["a", "b"])
     assert metric_columns(df)[:1] == ["validation.f1"] and "validation.pearson" not in metric_columns(df)
-    # Nor eval.json's collapse check (finetune/collapse.py): its baseline, most predicted class and flag.
+    # Nor eval.json's collapse check (finetune/evaluate/collapse.py): its baseline, most predicted class and flag.
     check = {"validation.baseline.f1": [0.81, 0.81], "validation.baseline.class": ["equivalent"] * 2,
              "validation.most_predicted.share": [0.7, 0.8], "validation.collapsed": [False, True]}
     assert metric_columns(df.assign(**check))[:2] == ["validation.f1", "best_epoch"]

@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoModelForSequenceClassification, pipeline
 
-from finetune.evaluation import load_metric
-from finetune.predictions import evaluate_model
+from finetune.evaluate.evaluation import load_metric
+from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import glue_task
-from finetune.training import train
+from finetune.train.loop import train
 from tests.helpers import make_project, reset_accelerate, tiny_params
 
 MRPC = glue_task("mrpc")
@@ -101,7 +101,7 @@ def test_evaluate_writes_metrics_predictions_and_plots(finetuned, tiny_raw):
 def test_predictions_written_in_chunks_equal_one_table(tiny_raw, tmp_path, monkeypatch):
     import torch
 
-    from finetune import predictions
+    from finetune.evaluate import predictions
     from finetune.tasks import glue_task
 
     task, split = glue_task("mrpc"), tiny_raw["validation"]  # 21 rows
@@ -157,7 +157,7 @@ def test_an_interrupted_tokenize_leaves_the_previous_output_and_no_scratch(tiny_
 
 
 def test_an_interrupted_evaluate_leaves_the_previous_predictions(finetuned, monkeypatch):
-    from finetune import predictions
+    from finetune.evaluate import predictions
 
     paths, _ = finetuned
     params = tiny_params(evaluate={"splits": ["validation", "test"]})
@@ -173,7 +173,7 @@ def test_an_interrupted_evaluate_leaves_the_previous_predictions(finetuned, monk
 def test_one_model_one_validation_score_under_bf16(tiny_project, monkeypatch):
     # Issue 41: training validates under train.mixed_precision; the evaluate stage runs in the same precision, so the
     # kept evaluation's score in train.json is eval.json's (before, evaluate ran in fp32 and the two differed).
-    from finetune import predictions
+    from finetune.evaluate import predictions
 
     params = tiny_params(train={"mixed_precision": "bf16", "keep_best": True, "epochs": 2},
                          evaluate={"sort_by_length": True, "splits": ["validation"]})

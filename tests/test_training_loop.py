@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import finetune.training as training
+import finetune.train.loop as training
 from finetune.modeling import load_classifier
-from finetune.optim import make_optimizer
 from finetune.tasks import glue_task
-from finetune.training import EarlyStopping, train
+from finetune.train.loop import EarlyStopping, train
+from finetune.train.run import make_optimizer
 from tests.helpers import make_checkpoint, make_project, reset_accelerate, tiny_params
 
 

@@ -20,11 +20,11 @@ import pytest
 import yaml
 from datasets import Dataset
 
-from finetune import training
 from finetune.errors import ParamsError
 from finetune.params import validate_params
-from finetune.training import train
-from finetune.trial import open_storage, trial_env
+from finetune.train import loop as training
+from finetune.train.loop import train
+from finetune.train.trial import open_storage, trial_env
 from tests.helpers import (
     FEATURES,
     REPO,

@@ -21,16 +21,16 @@ import pandas as pd
 from datasets import Dataset
 from transformers import AutoConfig, AutoTokenizer
 
-from finetune.batches import evaluation_loader
-from finetune.checks import clean_texts
+from finetune.data.batches import evaluation_loader
+from finetune.data.checks import clean_texts
+from finetune.data.loading import WRITE_FORMATS, check_writable, load_files, write_table
+from finetune.data.tokenization import position_limit, tokenize, truncation_length
 from finetune.errors import CheckpointError, DataError
-from finetune.evaluation import evaluate_split, with_predictions
-from finetune.forms import PYTORCH, form_folder, load_form
-from finetune.loading import WRITE_FORMATS, check_writable, load_files, write_table
+from finetune.evaluate.evaluation import evaluate_split, with_predictions
+from finetune.export.forms import PYTORCH, form_folder, load_form
 from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, run_stage, set_cpu_threads
 from finetune.tasks import Task
-from finetune.tokenization import position_limit, tokenize, truncation_length
 from tools.cli import positive_int
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,9 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
             form: str = PYTORCH, exported_dir: Path = Path("models/exported")) -> pd.DataFrame:
     """The rows of ``input_file`` with ``prediction`` (class name, or score for regression) and, for classification,
     ``probability_<name>`` per class, in the file's order, by the model of ``form``: ``pytorch`` (``model_dir``) or
-    a served form in ``exported_dir`` (finetune/forms.py).
+    a served form in ``exported_dir`` (finetune/export/forms.py).
 
-    Texts are prepared as for training (``finetune.checks.clean_texts``: numbers become text; empty ones are
+    Texts are prepared as for training (``finetune.data.checks.clean_texts``: numbers become text; empty ones are
     refused). Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order.
     Everything is checked before the model is loaded.
 

@@ -6,7 +6,7 @@ Not a pipeline stage. Each trial samples a configuration from a search space (``
 temporary copy, see only what git tracks. The objective is the mean over ``--seeds`` of the validation metric that
 picks the best evaluation (``train.metric_for_best``: the task's main metric; loss and MSE minimised). A collapsed
 seed (the collapse check) fails the configuration. Optuna's TPE sampler proposes, its MedianPruner stops a trial whose
-first seed falls below the median of earlier trials at the same epoch (``finetune.trial``, the loop's one hook), and
+first seed falls below the median of earlier trials at the same epoch (``finetune.train.trial``, the loop's one hook), and
 its storage holds the study: killed, the same command resumes it; two processes (or machines, given one database
 ``--storage``) share it. See docs/search.md.
 
@@ -35,7 +35,7 @@ import optuna
 from finetune.errors import ParamsError
 from finetune.params import PARAMS_FILE
 from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
-from finetune.trial import make_pruner, open_storage, trial_env
+from finetune.train.trial import make_pruner, open_storage, trial_env
 from tools.recipe import flow, read_yaml
 from tools.search_space import SearchSpace, load_space, with_fixed
 from tools.tune_report import experiment_result, write_report

@@ -1,7 +1,7 @@
 """The rules every row of a split obeys, whatever the task: the text and label columns present, rows in the split,
 no null, empty or whitespace-only text, no idx twice. Each is checked on a pandas DataFrame of the split (vectorised)
 and broken with a DataError that names the split and the row (``row_name``). The label rules are in
-``finetune.labels``; ``finetune.prepare.prepare_raw`` runs both.
+``finetune.data.labels``; ``finetune.data.prepare.prepare_raw`` runs both.
 """
 
 from __future__ import annotations

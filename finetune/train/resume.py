@@ -4,7 +4,7 @@ After every evaluation (every epoch, or every ``train.eval_every_steps`` optimiz
 ``train.save_every_steps`` steps, the train stage saves ``accelerator.save_state`` (model, optimizer, scheduler, the RNG
 states) plus ``trainer_state.json`` (a ``RunState``) into ``models/checkpoints/step-N``
 (N: optimizer steps taken). A later run with the same fingerprint continues from the newest complete one, mid-epoch
-too (the epoch's batch order is replayed and its first batches skipped, ``finetune.training``), and ends exactly where
+too (the epoch's batch order is replayed and its first batches skipped, ``finetune.train.loop``), and ends exactly where
 an uninterrupted run ends. The newest ``train.save_total_limit`` checkpoints are kept.
 """
 

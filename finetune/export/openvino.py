@@ -1,5 +1,5 @@
-"""Making the OpenVINO served forms (the export stage; docs/serving.md), from the fp32 ONNX file of finetune/export.py.
-Running them is finetune/forms.py (``OpenVinoClassifier``).
+"""Making the OpenVINO served forms (the export stage; docs/serving.md), from the fp32 ONNX file of finetune/export/make.py.
+Running them is finetune/export/forms.py (``OpenVinoClassifier``).
 
 - ``openvino-fp32``: ``openvino.convert_model`` of the ONNX file, saved as OpenVINO IR (``ov.save_model``: an .xml
   graph and a .bin of fp32 weights), run with ``INFERENCE_PRECISION_HINT`` f32 (OpenVINO's CPU plugin would pick

@@ -1,5 +1,5 @@
 """GLUE's metrics, and those of the user's own data, for the `evaluate` library; loadable offline by path:
-``evaluate.load("finetune/glue_metric.py", config_name="mrpc")``.
+``evaluate.load("finetune/evaluate/glue_metric.py", config_name="mrpc")``.
 
 Config names and what they return (the GLUE paper, Wang et al. 2018, https://arxiv.org/abs/1804.07461, Table 1;
 the same as the Hub's ``glue`` metric):

@@ -12,17 +12,17 @@ import torch
 from datasets import Dataset, load_from_disk
 from transformers import AutoTokenizer
 
-from finetune.batches import evaluation_loader
-from finetune.collapse import collapse_check, constant_baseline, warn_if_collapsed
-from finetune.evaluation import evaluate_split, load_metric, predictions_of, with_predictions
+from finetune.data.batches import evaluation_loader
+from finetune.data.prepare import is_labeled, present_splits
+from finetune.evaluate.collapse import collapse_check, constant_baseline, warn_if_collapsed
+from finetune.evaluate.evaluation import evaluate_split, load_metric, predictions_of, with_predictions
 from finetune.hardware import resolve_mixed_precision
-from finetune.live import log_plots, open_live
 from finetune.modeling import load_finetuned
 from finetune.params import Params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir, make_accelerator, set_cpu_threads
-from finetune.splits import is_labeled, present_splits
 from finetune.tasks import Task
+from finetune.train.live import log_plots, open_live
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task, columns: tu
                      ) -> pd.DataFrame:
     """One row per example of ``raw`` (a prepared split) in its order: ``idx``, the text columns, ``label`` (the
     gold class name or score; absent when unlabeled), then ``prediction`` and the probabilities
-    (``finetune.evaluation.with_predictions`` of ``logits [examples, num_labels]``). ``columns``: only these of
+    (``finetune.evaluate.evaluation.with_predictions`` of ``logits [examples, num_labels]``). ``columns``: only these of
     raw's (default ``idx`` and the text columns)."""
     table = raw.select_columns(list(columns if columns is not None else ["idx", *task.text_columns])).to_pandas()
     if "label" in raw.column_names:
@@ -64,7 +64,7 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
 
     Returns:
         ``{split: {"loss", <the task's metrics>, "examples", <the collapse check>}}`` for each labeled split (the
-        check: ``finetune.collapse.collapse_check`` against the constant model of train's labels, with a WARNING
+        check: ``finetune.evaluate.collapse.collapse_check`` against the constant model of train's labels, with a WARNING
         when collapsed); an unlabeled split only gets its predictions file and ``{"examples": n}``.
     """
     p = params.evaluate

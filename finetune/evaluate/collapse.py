@@ -8,7 +8,7 @@ metrics.
 
 The baseline is what a trivial model learns from the train split: its majority class (ties: the lowest id), or for
 regression its mean score, predicted for every row of the evaluated split and scored by the task's own metric
-(``finetune.evaluation.score``, finetune/glue_metric.py), so it is right for every task. With ``p`` the share of
+(``finetune.evaluate.evaluation.score``, finetune/evaluate/glue_metric.py), so it is right for every task. With ``p`` the share of
 that class in the evaluated split: accuracy ``p``; F1 of the positive class ``2p / (1 + p)`` when that class is the
 positive one, else 0; macro-F1 ``2p / (1 + p)`` over the number of classes in gold or prediction (scikit-learn's
 average); Matthews correlation 0, Pearson and Spearman 0 (a constant predictor's: scikit-learn's Matthews returns 0.0,
@@ -44,7 +44,7 @@ def constant_baseline(task: Task, metric: evaluate.EvaluationModule, train_label
         classification ``{"class": <train's majority class name>, "share": <its share of gold>, <the task's metrics>}``;
         regression ``{"mean": <train's mean score>, <the task's metrics>}``; values rounded to 4 decimals.
     """
-    from finetune.evaluation import score
+    from finetune.evaluate.evaluation import score
 
     train_labels, gold = np.asarray(train_labels), np.asarray(gold)
     if task.is_regression:

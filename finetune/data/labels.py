@@ -1,8 +1,8 @@
 """The label rules and labels to ids: the class names of the data (GLUE's, the label's ClassLabel,
 ``data.label_names``, else train's distinct labels), whether it is a regression, and each split's labels encoded as
 class ids (or float scores), checked row by row: not null, of one type across splits, among the class names or
-finite numbers, at least two classes in train and none elsewhere that train lacks. ``finetune.prepare.prepare_raw``
-calls these after the row rules (``finetune.checks``).
+finite numbers, at least two classes in train and none elsewhere that train lacks. ``finetune.data.prepare.prepare_raw``
+calls these after the row rules (``finetune.data.checks``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from datasets import ClassLabel, Dataset, Value
 
-from finetune.checks import row_name
+from finetune.data.checks import row_name
 from finetune.errors import DataError
 from finetune.params import DataParams
 from finetune.tasks import GLUE_TASKS

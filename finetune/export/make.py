@@ -1,5 +1,5 @@
 """Making the served forms of a fine-tuned model (the export stage; docs/serving.md): ONNX fp32, ONNX int8, bf16
-PyTorch, and the OpenVINO forms of finetune/openvino_forms.py. Running them is finetune/forms.py.
+PyTorch, and the OpenVINO forms of finetune/export/openvino.py. Running them is finetune/export/forms.py.
 
 - ``onnx-fp32``: ``torch.onnx.export`` with the dynamo exporter (``torch.export`` then onnxscript), batch and
   sequence length dynamic, weights inside the one ``model.onnx``. Optimum's exporter would be the ecosystem's first
@@ -33,8 +33,14 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 from finetune.errors import ExportError
+from finetune.export.openvino import (
+    OPENVINO_FORMS,
+    calibration_rows,
+    openvino_missing,
+    quantize_openvino,
+    save_openvino,
+)
 from finetune.hardware import cpu_bf16_flags
-from finetune.openvino_forms import OPENVINO_FORMS, calibration_rows, openvino_missing, quantize_openvino, save_openvino
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Knowledge distillation, the train stage's side: the loss that mixes the labels with a fine-tuned teacher's logits
 (Hinton, Vinyals & Dean 2015, https://arxiv.org/abs/1503.02531; DistilBERT, https://arxiv.org/abs/1910.01108), and
 those logits riding with each train row; transfer pairs (``distill.transfer``) join the same shuffled stream, with the
-soft loss alone. data/teacher (finetune/teacher.py) holds ``teacher.json``, ``logits.npy`` ``[rows, num_labels]``
+soft loss alone. data/teacher (finetune/distill/teacher.py) holds ``teacher.json``, ``logits.npy`` ``[rows, num_labels]``
 float32 in train row order and, with a transfer set, ``transfer.parquet`` and ``transfer_logits.npy``.
 """
 
@@ -85,7 +85,7 @@ class Distillation:
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(loss, hard, soft)`` of ``model`` on a train ``batch`` with ``teacher_logits`` (``distillation_loss``);
         the model runs without labels, so its own loss is not computed twice."""
-        from finetune.batches import TEACHER_LOGITS
+        from finetune.data.batches import TEACHER_LOGITS
 
         logits = model(**{k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS, TRANSFER)}).logits
         return distillation_loss(logits, batch["labels"], batch[TEACHER_LOGITS], batch.get(TRANSFER), self.alpha,
@@ -137,8 +137,8 @@ def with_teacher_logits(train: Dataset, teacher: Teacher, tokenizer: PreTrainedT
     regression) and the ``TRANSFER`` flag 1 (the train rows 0)."""
     from datasets import Dataset, DatasetDict, Value, concatenate_datasets
 
-    from finetune.batches import TEACHER_LOGITS
-    from finetune.tokenization import tokenize, truncation_length
+    from finetune.data.batches import TEACHER_LOGITS
+    from finetune.data.tokenization import tokenize, truncation_length
 
     train = train.add_column(TEACHER_LOGITS, teacher.logits.tolist())
     if teacher.transfer is None:

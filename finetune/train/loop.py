@@ -6,9 +6,9 @@ and of transformers' examples/pytorch/text-classification/run_glue_no_trainer.py
 or every ``train.eval_every_steps`` optimizer steps (``eval_strategy="steps"`` in ``Trainer``'s terms). On top: the
 best evaluation's model is kept, early stopping (patience in evaluations), a checkpoint after every evaluation and
 every ``train.save_every_steps`` steps that ``train.resume`` continues from after an interruption, mid-epoch too
-(finetune/resume.py; ``accelerator.skip_first_batches`` as in run_glue_no_trainer.py), knowledge distillation
-from a teacher's logits (``distill.*``, finetune/distill.py), and in a hyperparameter search (tools.tune) each
-validation reported to its Optuna trial, whose pruner may stop the run (finetune/trial.py; nothing without one).
+(finetune/train/resume.py; ``accelerator.skip_first_batches`` as in run_glue_no_trainer.py), knowledge distillation
+from a teacher's logits (``distill.*``, finetune/distill/loss.py), and in a hyperparameter search (tools.tune) each
+validation reported to its Optuna trial, whose pruner may stop the run (finetune/train/trial.py; nothing without one).
 """
 
 from __future__ import annotations
@@ -24,18 +24,17 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
-from finetune.collapse import collapse_check, end_of_run, note_evaluation
-from finetune.early_stopping import EarlyStopping
-from finetune.evaluation import evaluate_split, load_metric, predictions_of
-from finetune.live import TrainLog
+from finetune.evaluate.collapse import collapse_check, end_of_run, note_evaluation
+from finetune.evaluate.evaluation import evaluate_split, load_metric, predictions_of
 from finetune.params import Params
 from finetune.paths import Paths
-from finetune.resume import RunState, last_checkpoint, load_checkpoint, save_checkpoint
-from finetune.run import Run, build_run
 from finetune.runtime import atomic_dir
 from finetune.tasks import Task
-from finetune.train_metrics import final_metrics
-from finetune.trial import trial_from_env
+from finetune.train.live import TrainLog
+from finetune.train.metrics import EarlyStopping, final_metrics
+from finetune.train.resume import RunState, last_checkpoint, load_checkpoint, save_checkpoint
+from finetune.train.run import Run, build_run
+from finetune.train.trial import trial_from_env
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +51,17 @@ def train(params: Params, paths: Paths) -> dict:
     ``keep_best``, else the last one's. A checkpoint follows every evaluation, and every ``save_every_steps`` steps;
     the newest ``save_total_limit`` are kept. With ``resume``, a run whose fingerprint matches a checkpoint
     continues from it, mid-epoch too. With ``distill.teacher``, the loss mixes the labels with the teacher's logits
-    of ``paths.teacher`` (``finetune.distill.distillation_loss``); without, nothing of distillation runs.
+    of ``paths.teacher`` (``finetune.distill.loss.distillation_loss``); without, nothing of distillation runs.
 
     Returns:
         metrics, see ``final_metrics``.
 
     Raises:
         CheckpointError: ``paths.pretrained`` lacks config, weights or tokenizer, or has a head of another size; or
-            a checkpoint could not be written (the disk is full: ``finetune.resume.save_checkpoint``).
+            a checkpoint could not be written (the disk is full: ``finetune.train.resume.save_checkpoint``).
         ParamsError: ``train.metric_for_best`` is not a metric of the data's task.
         TeacherError: with ``distill.teacher``, the teacher's logits do not fit the task or the train split
-            (``finetune.distill.load_teacher``).
+            (``finetune.distill.loss.load_teacher``).
     """
     start = time.perf_counter()
     # the run: model, data, optimizer, schedule; then a fresh state or the last checkpoint's
@@ -185,7 +184,7 @@ def train_batch(run: Run, batch: dict, parts: dict[str, list[float]]) -> float:
 
 def finite_mean(values: list[float]) -> float:
     """The mean of the values that are not NaN (NaN if none is): a batch of transfer rows alone has no hard loss
-    (``finetune.distill.distillation_loss``)."""
+    (``finetune.distill.loss.distillation_loss``)."""
     kept = [v for v in values if not math.isnan(v)]
     return sum(kept) / len(kept) if kept else math.nan
 

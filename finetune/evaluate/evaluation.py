@@ -1,4 +1,4 @@
-"""Evaluation: the course's evaluation loop over one split, and the task's metric (finetune/glue_metric.py)."""
+"""Evaluation: the course's evaluation loop over one split, and the task's metric (finetune/evaluate/glue_metric.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def load_metric(task: Task) -> evaluate.EvaluationModule:
     (binary) or macro-F1, or Pearson, Spearman and MSE (regression).
 
     ``evaluate.load("glue", "mrpc")`` fetches its script from the Hub; this loads the project's local module
-    (finetune/glue_metric.py) by path instead, so it works offline.
+    (finetune/evaluate/glue_metric.py) by path instead, so it works offline.
     """
     return evaluate.load(str(METRIC_SCRIPT), config_name=task.metric_config)
 

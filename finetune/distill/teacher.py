@@ -1,5 +1,5 @@
 """The teacher stage's work: a fine-tuned teacher's logits of every train row (and of the transfer set's pairs), for
-knowledge distillation (the loss and the train stage's side: finetune/distill.py; docs/distillation.md).
+knowledge distillation (the loss and the train stage's side: finetune/distill/loss.py; docs/distillation.md).
 
 The teacher is a model fine-tuned on the same task (a folder under models/own, ``distill.teacher``), of any family
 and tokenizer: it reads the texts of data/raw with its own tokenizer, row for row with the student's data/tokenized.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from finetune.distill import LOGITS_FILE, TEACHER_FILE, TRANSFER_FILE, TRANSFER_LOGITS_FILE, Teacher
+from finetune.distill.loss import LOGITS_FILE, TEACHER_FILE, TRANSFER_FILE, TRANSFER_LOGITS_FILE, Teacher
 from finetune.errors import DataError, TeacherError
 from finetune.params import Params
 from finetune.paths import Paths
@@ -47,7 +47,7 @@ def describe_teacher(folder: Path, teacher: str, task: Task) -> dict:
         TeacherError: naming its config.json: another task type than the task's, or for classification other class
             names or another id order (a teacher must be fine-tuned on the same task).
     """
-    from finetune.checkpoint import check_checkpoint
+    from finetune.modeling import check_checkpoint
 
     check_checkpoint(folder)
     config = json.loads((folder / "config.json").read_text())
@@ -69,7 +69,7 @@ def describe_teacher(folder: Path, teacher: str, task: Task) -> dict:
 
 def teacher_logits(params: Params, paths: Paths) -> Teacher:
     """The teacher's logits of every train row, in the row order of ``paths.tokenized``, and with
-    ``distill.transfer`` of every pair of the transfer set (``finetune.transfer.make_transfer_set``).
+    ``distill.transfer`` of every pair of the transfer set (``finetune.distill.transfer.make_transfer_set``).
 
     Returns:
         The ``Teacher``; its identity is teacher.json: ``describe_teacher``, ``rows``, ``data`` (the tokenized train
@@ -82,7 +82,7 @@ def teacher_logits(params: Params, paths: Paths) -> Teacher:
     """
     from datasets import Dataset, load_from_disk
 
-    from finetune.transfer import make_transfer_set
+    from finetune.distill.transfer import make_transfer_set
 
     start, folder, task = time.perf_counter(), paths.root / params.distill.teacher, Task.load(paths.tokenized)
     identity = describe_teacher(folder, params.distill.teacher, task)
@@ -113,12 +113,12 @@ def score_rows(params: Params, folder: Path, task: Task, sets: dict[str, Dataset
     from datasets import DatasetDict
     from transformers import AutoTokenizer
 
-    from finetune.batches import evaluation_loader
-    from finetune.evaluation import split_logits
+    from finetune.data.batches import evaluation_loader
+    from finetune.data.tokenization import tokenize, truncation_length
+    from finetune.evaluate.evaluation import split_logits
     from finetune.hardware import describe_device, resolve_mixed_precision
     from finetune.modeling import load_finetuned
     from finetune.runtime import make_accelerator, set_cpu_threads
-    from finetune.tokenization import tokenize, truncation_length
 
     set_cpu_threads(None)
     mixed_precision = resolve_mixed_precision(params.train.mixed_precision)

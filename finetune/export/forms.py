@@ -1,4 +1,4 @@
-"""Running a served form of the fine-tuned model (made by finetune/export.py into models/exported/<form>/) behind the
+"""Running a served form of the fine-tuned model (made by finetune/export/make.py into models/exported/<form>/) behind the
 interface that evaluation and prediction already use: ``model(**batch).logits``, ``model.config``, ``model.eval()``.
 
 Each form folder loads on its own, with the tokenizer beside it:
@@ -27,14 +27,14 @@ from transformers import AutoConfig, PreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from finetune.errors import ExportError
-from finetune.export import FORMS, ONNX_FILE
+from finetune.export.make import FORMS, ONNX_FILE
+from finetune.export.openvino import OPENVINO_FORMS, OV_CONFIG, OV_FILE, SERVE_EXTRA
 from finetune.modeling import load_finetuned
-from finetune.openvino_forms import OPENVINO_FORMS, OV_CONFIG, OV_FILE, SERVE_EXTRA
 
 if TYPE_CHECKING:
     from datasets import Dataset
 
-    from finetune.batches import PairCollator
+    from finetune.data.batches import PairCollator
 
 PYTORCH = "pytorch"  # the fine-tuned model as trained: models/finetuned, fp32
 SPEED_ROWS, LATENCY_ROWS = 512, 64  # form_speed: rows timed at batch 32, and of those, one by one at batch 1
@@ -72,7 +72,7 @@ class OnnxClassifier(torch.nn.Module):
 
 
 class OpenVinoClassifier(torch.nn.Module):
-    """An OpenVINO IR form in ``folder`` (finetune/openvino_forms.py) compiled for the CPU with the precision hint
+    """An OpenVINO IR form in ``folder`` (finetune/export/openvino.py) compiled for the CPU with the precision hint
     of its ``openvino.json``, as a classifier: ``forward(**batch)`` takes the tokenizer's tensors ``[batch, seq_len]``
     and returns ``SequenceClassifierOutput(logits [batch, num_labels])`` (float32); ``config`` is its config.json.
 
@@ -120,7 +120,7 @@ def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
 
 def load_form(form: str, model_dir: Path,
               exported_dir: Path) -> PreTrainedModel | OnnxClassifier | OpenVinoClassifier:
-    """The classifier of ``form``: ``pytorch`` (``model_dir``, fp32), or one of ``finetune.export.FORMS`` from
+    """The classifier of ``form``: ``pytorch`` (``model_dir``, fp32), or one of ``finetune.export.make.FORMS`` from
     ``exported_dir / form``.
 
     Raises:
@@ -146,7 +146,7 @@ def form_speed(classifier, rows: Dataset, collator: PairCollator) -> dict:
 
     Tokenizing and Python's per-call overhead come on top for a server; ``benchmarks/serve.py`` times both from text.
     """
-    from finetune.batches import eval_dataloader, length_order
+    from finetune.data.batches import eval_dataloader, length_order
 
     rows = rows.select(range(min(len(rows), SPEED_ROWS)))
     rows = rows.remove_columns([c for c in rows.column_names if c not in ("input_ids", "attention_mask",

@@ -1,6 +1,6 @@
 """Loading the data as it comes, before any rule is checked: a GLUE config from a Hub-layout folder (the Hub's
 download or the local copy, ``load_raw``), or the user's own files, one per split (``load_files``). Both give a
-DatasetDict in memory, or a DataError of one line; ``finetune.prepare.prepare_raw`` then checks it and brings it to
+DatasetDict in memory, or a DataError of one line; ``finetune.data.prepare.prepare_raw`` then checks it and brings it to
 the pipeline's shape.
 """
 

@@ -1,7 +1,7 @@
 """Preparing the loaded splits for any task: ``prepare_raw`` checks them against the rules (the row rules of
-``finetune.checks``, the label rules of ``finetune.labels``) and brings them to the pipeline's shape with their
+``finetune.data.checks``, the label rules of ``finetune.data.labels``) and brings them to the pipeline's shape with their
 Task; a validation split carved from train when the data has none (``carve_validation``); what a prepared split
-holds (``split_summary``). Which splits exist and carry labels: ``finetune.splits``.
+holds (``split_summary``). Which splits exist and carry labels: ``finetune.data.prepare``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
-from finetune.checks import checked_frame
+from finetune.data.checks import checked_frame
+from finetune.data.labels import check_train_classes, encode_labels, is_regression, label_names
 from finetune.errors import DataError, ParamsError
-from finetune.labels import check_train_classes, encode_labels, is_regression, label_names
 from finetune.params import DataParams
 from finetune.tasks import GLUE_TASKS, Task, glue_task, own_task
 
@@ -159,3 +159,18 @@ def split_summary(ds: Dataset, task: Task) -> dict:
                 "label_min": float(labels.min()), "label_max": float(labels.max())}
     counts = {name: int((labels == i).sum()) for i, name in enumerate(task.label_names)}
     return {**summary, "labels": {name: {"count": n, "fraction": round(n / len(ds), 4)} for name, n in counts.items()}}
+
+
+def is_labeled(ds: Dataset) -> bool:
+    """True when the split carries labels (a raw ``label`` or a tokenized ``labels`` column)."""
+    return "labels" in ds.column_names or "label" in ds.column_names
+
+
+def present_splits(splits: list[str], data: DatasetDict) -> list[str]:
+    """Those of ``splits`` (``evaluate.splits``) that ``data`` has, warning about each it lacks (SST-2 and STS-B
+    have no test split in the local copy: evaluation covers what exists)."""
+    for split in splits:
+        if split not in data:
+            log.warning("No %s split in the data (it has %s): skipped", split, ", ".join(data))
+    return [split for split in splits if split in data]
+

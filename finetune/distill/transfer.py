@@ -82,10 +82,10 @@ def file_pairs(files: list[str], train: Dataset, text_columns: tuple[str, ...],
     holds are dropped.
 
     Raises:
-        DataError: a file is missing or unreadable (``finetune.loading.load_files``), or lacks a text column; naming
+        DataError: a file is missing or unreadable (``finetune.data.loading.load_files``), or lacks a text column; naming
             the file.
     """
-    from finetune.loading import load_files
+    from finetune.data.loading import load_files
 
     frames = []
     for file in files:

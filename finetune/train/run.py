@@ -1,37 +1,38 @@
 """The run: everything one training run works with (Accelerator, tokenizer, model, DataLoaders, optimizer,
 schedule, distillation), built once from params and the stages' artifacts by ``build_run``, for the loop in
-finetune/training.py.
+finetune/train/loop.py.
 
 Setup as in the Hugging Face course chapter "A full training" and accelerate's examples/nlp_example.py: the model
 and the DataLoaders, then ``accelerator.prepare`` of model, optimizer and DataLoaders together, then the schedule
-sized in optimizer steps of the prepared train DataLoader (finetune/optim.py).
+sized in optimizer steps of the prepared train DataLoader (finetune/train/run.py).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from datasets import load_from_disk
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
+from transformers.trainer_pt_utils import get_parameter_names
 
-from finetune.batches import evaluation_loader, make_collator, train_dataloader
-from finetune.collapse import constant_baseline
-from finetune.distill import Distillation, load_teacher, with_teacher_logits
+from finetune.data.batches import evaluation_loader, make_collator, train_dataloader
+from finetune.distill.loss import Distillation, load_teacher, with_teacher_logits
 from finetune.errors import ParamsError
-from finetune.evaluation import load_metric
+from finetune.evaluate.collapse import constant_baseline
+from finetune.evaluate.evaluation import load_metric
 from finetune.hardware import resolve_mixed_precision
 from finetune.modeling import load_classifier
-from finetune.optim import Schedule, make_optimizer, make_scheduler
 from finetune.params import Params, TrainParams
 from finetune.paths import Paths
-from finetune.resume import run_fingerprint
 from finetune.runtime import make_accelerator, set_cpu_threads
 from finetune.tasks import Task
-from finetune.trial import TrialReport
+from finetune.train.resume import run_fingerprint
+from finetune.train.trial import TrialReport
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class Run:
     fingerprint: str
     mixed_precision: str
     parameters: int
-    baseline: dict  # the constant model of train's labels on validation (finetune.collapse.constant_baseline)
+    baseline: dict  # the constant model of train's labels on validation (finetune.evaluate.collapse.constant_baseline)
     resumed_from: int = 0  # the optimizer step a resumed run continued from (0: a fresh run)
     compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
     distill: Distillation | None = None  # with distill.teacher: the loss on the teacher's logits too
@@ -119,3 +120,46 @@ def build_run(params: Params, paths: Paths) -> Run:
                batch_order, schedule, fingerprint, mixed_precision, parameters, baseline,
                distill=distill)
 
+
+def make_optimizer(model: torch.nn.Module, p: TrainParams) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` with ``p.lr``; ``p.weight_decay`` on every weight except biases and LayerNorm weights.
+
+    Excluding biases and normalisation weights from decay follows BERT's original optimizer and
+    run_glue_no_trainer.py. ``p.adamw_impl`` picks the implementation: 'foreach' batches the update over tensors,
+    'fused' runs one kernel per parameter group (CPU and CUDA since torch 2.4), 'default' lets torch choose; all
+    compute the same update (https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html).
+    """
+    decay = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))
+    groups = [{"params": [t for n, t in model.named_parameters() if n in decay], "weight_decay": p.weight_decay},
+              {"params": [t for n, t in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
+    impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[p.adamw_impl]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=p.lr, **impl)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long a run is, in optimizer steps (each takes ``gradient_accumulation_steps`` batches per process)."""
+
+    steps_per_epoch: int
+    total_steps: int  # p.max_steps, else p.epochs x steps_per_epoch
+    epochs: int  # the epochs those steps take (the last may be partial)
+    warmup_steps: int  # p.warmup_steps, else p.warmup_ratio of total_steps, rounded up
+
+    @classmethod
+    def of(cls, p: TrainParams, batches_per_epoch: int) -> Schedule:
+        """The schedule of ``p`` for ``batches_per_epoch`` batches of this process (``len(loader)`` after
+        ``accelerator.prepare``: every process takes its optimizer steps together with the others)."""
+        steps_per_epoch = math.ceil(batches_per_epoch / p.gradient_accumulation_steps)
+        total_steps = p.max_steps or p.epochs * steps_per_epoch
+        return cls(steps_per_epoch=steps_per_epoch, total_steps=total_steps,
+                   epochs=math.ceil(total_steps / steps_per_epoch),
+                   warmup_steps=p.warmup_steps or math.ceil(p.warmup_ratio * total_steps))
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, p: TrainParams, schedule: Schedule):
+    """``transformers.get_scheduler(p.scheduler)`` over ``schedule.total_steps`` optimizer steps with its warmup.
+
+    Step it by hand after each real optimizer step (not prepared by accelerate, which would step it per batch).
+    """
+    return get_scheduler(p.scheduler, optimizer=optimizer, num_warmup_steps=schedule.warmup_steps,
+                         num_training_steps=schedule.total_steps)

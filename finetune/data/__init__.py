@@ -1,0 +1,2 @@
+"""The data phase: finding the sources (sources, split_zip), loading them (loading), the row and label rules
+(checks, labels), bringing them to the pipeline's shape (prepare), tokenization and batches."""
