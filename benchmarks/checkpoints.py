@@ -9,7 +9,7 @@ from pathlib import Path
 
 from benchmarks.machine import ceiling_line, machine, training_flops
 from benchmarks.side_by_side import run_way
-from finetune.tables import markdown_table
+from finetune.runtime import markdown_table
 
 HERE = Path(__file__).parent
 

@@ -33,8 +33,7 @@ from pathlib import Path
 
 from finetune.hardware import cpu_model
 from finetune.params import load_params, with_overrides
-from finetune.runtime import write_json
-from finetune.tables import markdown_table
+from finetune.runtime import markdown_table, write_json
 
 HERE = Path(__file__).parent
 REPO = HERE.parent

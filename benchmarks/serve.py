@@ -46,10 +46,11 @@ from benchmarks.workspace import check_workspace
 from finetune.data.sources import resolve_checkpoint
 from finetune.export.forms import PYTORCH, load_form
 from finetune.export.make import bf16_unsupported, make_forms
+from finetune.export.registry import FORMS, NATIVE_BF16, unmet
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.params import load_params
 from finetune.paths import Paths, project_path
-from finetune.tables import markdown_table
+from finetune.runtime import markdown_table
 from finetune.tasks import TASK_FILE, Task, glue_task
 
 HERE = Path(__file__).parent
@@ -166,11 +167,10 @@ def bench_model(name: str, model_dir: Path, exported: Path, pairs, labels, laten
     32 (int8 for onnx-int8, bf16 for the bf16 ways, else fp32), and (fine-tuned) accuracy and F1, else the agreement
     with the PyTorch fp32 predictions."""
     flops = flops_per_pair(model_dir, pairs)
-    ways = ["pipeline() fp32", "pytorch fp32 (sorted)", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-int8"]
-    if bf16_unsupported() is None:
-        ways[2:2] = ["torch bf16 autocast"]
-        ways += ["torch-bf16", "openvino-bf16"]
-    ways = [way for way in ways if " " in way or (exported / way).is_dir()]  # the forms the export stage made
+    forms = [form for form in FORMS if unmet(form) is None and (exported / form).is_dir()]  # made, and run here
+    autocast = ["torch bf16 autocast"] if bf16_unsupported() is None else []
+    ways = ["pipeline() fp32", "pytorch fp32 (sorted)", *autocast,
+            *sorted(forms, key=lambda form: NATIVE_BF16 in FORMS[form].needs)]  # the bf16 forms last
     rows = []
     for way in ways:
         print(f"{name}: {way}", flush=True)

@@ -12,7 +12,7 @@ from datetime import date
 from pathlib import Path
 
 from benchmarks.machine import ceiling_line, machine, training_flops
-from finetune.tables import markdown_table
+from finetune.runtime import markdown_table
 
 HERE = Path(__file__).parent
 WAYS = ["course_loop", "trainer", "project"]

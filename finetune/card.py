@@ -1,16 +1,9 @@
-"""The model card: models/finetuned/README.md, which the card stage writes beside a copy of models/trained.
-
-The YAML header is huggingface_hub's ``ModelCardData``, what ``ModelCard.load`` and the Hub read: the base model,
-the dataset, the license where known, the task's metrics and metrics/eval.json as ``model-index`` results (one
-``EvalResult`` per labeled split and metric). The body is the Jinja template finetune/model_card.md.j2, filled with
-the task and its labels, how to use the model, the evaluation with the collapse check (finetune/evaluate/collapse.py), the
-params of the run, the per-epoch validation table (DVCLive's epoch log), the hardware and precision, and where the
-model came from: the git commit and the hashes that dvc.lock holds for the outputs of the stages before.
-
-dvc.lock is read here, not declared as a dependency (it changes as stages run): ``dvc repro`` writes each stage's
-entry as soon as the stage has run, so train's and evaluate's are current when the card stage starts. The card
-says when they are not (the lock's md5 of a metrics file differs from the file read) or when there is no dvc.lock.
-"""
+"""The model card of models/finetuned (README.md): a YAML header of huggingface_hub's ``ModelCardData`` (base model,
+dataset, license, metrics, metrics/eval.json as ``model-index`` results) and a body from the Jinja template
+finetune/model_card.md.j2 (task, usage, evaluation and collapse check, params, validation table, hardware, git
+commit and dvc.lock's hashes of the upstream outputs), and the model folder written with it. dvc.lock is read, not
+declared as a dependency: ``dvc repro`` has written the upstream stages' entries when the card stage starts, and the
+card says when the lock does not match the metrics files read."""
 
 from __future__ import annotations
 
@@ -30,8 +23,7 @@ from finetune.evaluate.collapse import describe_constant
 from finetune.modeling import check_checkpoint
 from finetune.params import DataParams, Params
 from finetune.paths import EVALUATION_LOGS, Paths
-from finetune.runtime import atomic_dir, yaml_reader
-from finetune.tables import markdown_table
+from finetune.runtime import atomic_dir, markdown_table, yaml_reader
 from finetune.tasks import GLUE_DATASETS, Task
 
 CARD_TEMPLATE = Path(__file__).with_name("model_card.md.j2")
@@ -67,7 +59,7 @@ def read_json(path: Path) -> dict:
     """The JSON object in ``path``.
 
     Raises:
-        PipelineError: ``path`` does not exist: a stage before the card stage has not run.
+        PipelineError: ``path`` does not exist (a stage before the card stage has not run).
     """
     try:
         return json.loads(path.read_text())
@@ -76,16 +68,15 @@ def read_json(path: Path) -> dict:
 
 
 def dataset_id(data: DataParams) -> str | None:
-    """The dataset's Hub id (GLUE under its canonical id ``nyu-mll/glue``) or folder, as params.yaml names it; None
-    for own files."""
+    """The dataset's Hub id (GLUE as ``nyu-mll/glue``) or folder as params.yaml names it; None for own files."""
     return GLUE_DATASETS[0] if data.dataset in GLUE_DATASETS else data.dataset
 
 
 def dataset_fields(data: DataParams, dataset: dict, split: str) -> dict:
-    """The dataset fields of an ``EvalResult`` of ``split``, from the data params and metrics/provenance.json's
-    ``dataset`` record: for a Hub dataset or folder its id (``nyu-mll/glue``) or folder as given, the config and the
-    Hub revision used (None for a folder); for own files the split's file (train's, when validation was carved from
-    it) and its sha256 as the revision."""
+    """The dataset fields of an ``EvalResult`` of ``split`` (``dataset``: metrics/provenance.json's dataset record): for
+    a Hub dataset or folder ``dataset_type`` (its id or folder), ``dataset_name``, ``dataset_config`` and
+    ``dataset_revision`` (the Hub revision; None for a folder); for own files the split's file (train's when
+    validation was carved from it) as ``dataset_type`` and its sha256 as ``dataset_revision``."""
     if data.files is not None:
         file = data.files.get(split, data.files["train"])
         carved = " (carved from train)" if split not in data.files else ""
@@ -111,8 +102,8 @@ def eval_results(params: Params, task: Task, evaluation: dict, dataset: dict) ->
 
 
 def card_data(params: Params, task: Task, evaluation: dict, dataset: dict) -> ModelCardData:
-    """The card's YAML header: base model, dataset, license (``KNOWN_LICENSES``, else none), the task's metrics and
-    ``eval_results``; language English for GLUE (own data: not stated)."""
+    """The card's YAML header: base model, dataset, license (``KNOWN_LICENSES``, else none), language ``en`` for
+    GLUE (none for own data), the task's metrics and ``eval_results``."""
     checkpoint, data = params.model.checkpoint, params.data
     glue = data.glue_task is not None
     return ModelCardData(
@@ -125,7 +116,7 @@ def card_data(params: Params, task: Task, evaluation: dict, dataset: dict) -> Mo
 
 
 def evaluation_table(task: Task, evaluation: dict) -> str:
-    """metrics/eval.json as a Markdown table: a row per split with its examples, the task's metrics and loss, the
+    """metrics/eval.json as a Markdown table: a row per split with its examples, the task's metrics, loss, the
     constant baseline's main metric, the most predicted class and the collapse check."""
     main = task.metrics[0]
     header = ["split", "examples", *task.metrics, "loss", f"constant baseline ({main})", "most predicted", "collapsed"]
@@ -142,8 +133,8 @@ def evaluation_table(task: Task, evaluation: dict) -> str:
 
 
 def collapse_notes(task: Task, evaluation: dict) -> list[dict]:
-    """Per labeled split of metrics/eval.json, ``{"split", "text", "collapsed"}``: the model's main metric against
-    the constant baseline's (train's majority class or mean score, finetune/evaluate/collapse.py) in words."""
+    """Per labeled split of metrics/eval.json, ``{"split", "text", "collapsed"}``: the model's main metric
+    against the constant baseline's (``finetune.evaluate.collapse``) in words."""
     main, notes = task.metrics[0], []
     for split, s in evaluation.items():
         if not has_metrics(s):
@@ -157,8 +148,8 @@ def collapse_notes(task: Task, evaluation: dict) -> list[dict]:
 
 
 def params_table(params: Params) -> str:
-    """The params of the run as a Markdown table of ``section.key | value``: every key of model, tokenize, train
-    and evaluate, and the data keys that are set (the others are own data's, or defaults)."""
+    """The run's params as a Markdown table ``param | value`` (``section.key``): every key of every section
+    except the ``data`` keys that are null."""
     rows = []
     for section, values in params.model_dump().items():
         for key, value in values.items():
@@ -168,11 +159,11 @@ def params_table(params: Params) -> str:
 
 
 def training_table(train_logs: Path, train: dict) -> str | None:
-    """The train stage's evaluation log (DVCLive's ``<train_logs>/epochs`` or, with ``train.eval_every_steps``,
-    ``<train_logs>/evaluations``: ``plots/metrics/<name>.tsv``, columns ``step`` (the epoch, or the optimizer step)
-    and ``<name>``) as a Markdown table: a row per evaluation, (the epoch,) train loss, validation loss, then the
-    validation metrics, values to 4 decimals; the kept evaluation (train.json's ``best_epoch`` or ``best_step``) is
-    marked. None when there is no log."""
+    """The train stage's evaluation log as a Markdown table: a row per evaluation with the point, (the epoch,) train
+    loss, validation loss, the validation metrics (4 decimals) and a kept mark (``train``: metrics/train.json's
+    ``best_step`` or ``best_epoch``); None when there is no log. The log is DVCLive's
+    ``<train_logs>/<EVALUATION_LOGS[...]>/plots/metrics/<name>.tsv`` (columns ``step``, the epoch or optimizer step,
+    and ``<name>``), by step when that folder exists, else by epoch."""
     by_step = (train_logs / EVALUATION_LOGS["step"]).is_dir()
     folder = train_logs / EVALUATION_LOGS["step" if by_step else "epoch"]
     kept = train.get("best_step" if by_step else "best_epoch")
@@ -192,14 +183,14 @@ def training_table(train_logs: Path, train: dict) -> str | None:
 
 
 def md5_file(path: Path) -> str:
-    """The md5 hex digest of ``path``'s bytes: what dvc.lock records for a file output (DVC 3)."""
+    """The md5 hex digest of ``path``'s bytes (what dvc.lock records for a file output, DVC 3)."""
     return hashlib.md5(path.read_bytes()).hexdigest()
 
 
 def lock_hashes(root: Path) -> tuple[str | None, str]:
     """The outputs of ``UPSTREAM_STAGES`` in ``root/dvc.lock`` as a Markdown table (stage, output, md5; a folder's
-    md5 ends in ``.dir``, the key of its listing in the DVC cache), and a sentence on whether the lock matches the
-    metrics files the card reads. ``(None, why)`` when dvc.lock is missing, unreadable or lacks those stages."""
+    md5 ends in ``.dir``), and a sentence on whether dvc.lock's md5 of each metrics file matches the file read;
+    ``(None, why)`` when dvc.lock is missing, unreadable or lacks a stage."""
     lock_file = root / "dvc.lock"
     try:
         stages = (yaml_reader().load(lock_file.read_text()) or {}).get("stages") or {}
@@ -224,10 +215,9 @@ def lock_hashes(root: Path) -> tuple[str | None, str]:
 
 
 def git_state(root: Path) -> dict:
-    """``{"commit": <HEAD's sha, or "unknown">, "changed": [paths]}``: the commit the run's code and params came
-    from, and the files changed since (uncommitted, untracked included; the pipeline's own writes,
-    ``PIPELINE_WRITES`` and .gitignore files, left out). ``changed`` is None when git or a repository is not
-    there."""
+    """The commit the run's code came from and the files changed since: ``{"commit": <HEAD's sha, or "unknown">,
+    "changed": [paths]}``; ``changed`` lists uncommitted and untracked paths except ``PIPELINE_WRITES`` and
+    .gitignore files, and is None when git or a repository is not there."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
 
@@ -241,11 +231,11 @@ def git_state(root: Path) -> dict:
 
 
 def model_card(params: Params, paths: Paths) -> ModelCard:
-    """The card of ``paths.trained``, from metrics/eval.json, train.json and provenance.json, DVCLive's epoch log,
-    dvc.lock and git (all under ``paths.root``).
+    """The card of ``paths.trained`` (header ``card_data``, body ``CARD_TEMPLATE``), from metrics/eval.json,
+    train.json and provenance.json, DVCLive's log, dvc.lock and git (all under ``paths.root``).
 
     Raises:
-        CheckpointError: ``paths.trained`` lacks config, weights or tokenizer.
+        CheckpointError: ``paths.trained`` lacks config, weights or tokenizer, or task.json.
         PipelineError: a metrics file is missing (a stage before has not run).
     """
     check_checkpoint(paths.trained)
@@ -274,8 +264,8 @@ def model_card(params: Params, paths: Paths) -> ModelCard:
 
 
 def write_model_folder(trained: Path, out: Path, card: ModelCard) -> None:
-    """``out``: a copy of the model folder ``trained`` with ``card`` as its README.md, written atomically (a temp
-    folder beside ``out``, renamed at the end): on an error ``out`` is left as it was."""
+    """Write ``out``: a copy of the model folder ``trained`` with ``card`` as README.md, atomically (on an
+    error ``out`` is left as it was)."""
     with atomic_dir(out) as tmp:
         shutil.copytree(trained, tmp, dirs_exist_ok=True)
         card.save(tmp / "README.md")

@@ -1,10 +1,6 @@
-"""Which project files a stage runs: its module, the project modules it imports (followed through every import,
-also those inside functions), and the files they load by path (a module-level ``Path(__file__)...`` constant
-naming a ``.py`` file, like the metric module that ``evaluate.load`` reads).
-
-dvc.yaml's deps of each stage are tested against ``project_files`` (tests/test_dvc_yaml.py), and the resume
-fingerprint hashes the same files (``code_digest``), so neither can miss code that a run executes.
-Package ``__init__.py`` files hold only a docstring (tested) and are left out.
+"""Which project files a stage runs (``project_files``: its module, the project modules it imports anywhere, and
+the ``.py`` files they load by path) and their digest (``code_digest``), for dvc.yaml's deps (tests/test_dvc_yaml.py)
+and the resume fingerprint. Package ``__init__.py`` files hold only a docstring and are left out.
 """
 
 from __future__ import annotations
@@ -18,7 +14,9 @@ PACKAGES = ("finetune", "stages", "tools", "benchmarks")
 
 
 def module_path(name: str) -> Path | None:
-    """The file of project module ``name`` (e.g. 'finetune.data.loading'), or None for a package or a module elsewhere."""
+    """The file of project module ``name`` (e.g. 'finetune.data.loading'), or None for a package or a
+    module elsewhere.
+    """
     if name.split(".")[0] not in PACKAGES:
         return None
     path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
@@ -34,6 +32,10 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    if "finetune.export.registry.resolve" in names:  # the forms' makers and loaders, named as "module:function"
+        from finetune.export.registry import referenced_modules
+
+        names.update(referenced_modules())
     return names
 
 

@@ -1,9 +1,5 @@
-"""The errors a user can cause: bad params, an unreachable source, a bad checkpoint folder, bad data, a bad batch,
-a teacher that does not fit the task.
-
-Each is a ``PipelineError`` whose message names the file, key, split, row or rule. A stage run through
-``finetune.runtime.run_stage`` prints that message alone and exits 1; any other exception is a bug and keeps its
-traceback.
+"""The errors a user can cause, each a ``PipelineError`` whose one-line message names the file, key, split, row or
+rule; ``finetune.runtime.run_stage`` prints it alone and exits 1.
 """
 
 
@@ -32,12 +28,10 @@ class CollateError(PipelineError, AssertionError):
 
 
 class TeacherError(PipelineError, ValueError):
-    """The teacher of knowledge distillation (``distill.teacher``, its logits in data/teacher) does not fit the task or
-    the train split: other labels, regression against classification, another row count, or logits of another
-    teacher or data; the message names data/teacher/teacher.json and ``distill.teacher``."""
+    """``distill.teacher`` or its logits in data/teacher do not fit the task or the train split (labels, task type,
+    row count, or logits of another teacher or data); the message names the file and ``distill.teacher``."""
 
 
 class ExportError(PipelineError, RuntimeError):
-    """A served form of the model that can't be made, loaded or trusted: an exporter that can't handle the model's
-    family, a missing ONNX Runtime, an unknown or absent form, or an fp32 export whose logits differ from PyTorch's;
-    the message names the form and the folder or params key."""
+    """A served form that can't be made, loaded or trusted (exporter, runtime, unknown or absent form, fp32 logits
+    off PyTorch's); the message names the form and the folder or params key."""

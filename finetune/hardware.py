@@ -1,9 +1,5 @@
 """What a run's numbers depend on besides params, data, code and packages: the processor, its instructions, the
-threads and the precision (docs/reproducibility.md).
-
-The same run gives the same metrics to the last digit on the same kind of CPU and precision; across CPU vendors the
-matmul and vector kernels differ in the order they add, and so do the last bits of every logit. ``numerics`` writes
-down each of those facts in ``metrics/train.json``, so two runs' files say why their metrics differ.
+threads and the precision, as metrics/train.json records them (docs/reproducibility.md).
 """
 
 from __future__ import annotations
@@ -38,12 +34,8 @@ def cpu_bf16_flags() -> list[str]:
 
 
 def resolve_mixed_precision(choice: str) -> str:
-    """The Accelerate ``mixed_precision`` for a params choice; 'auto' picks what the hardware runs fast.
-
-    'auto' is bf16 autocast on a GPU with bf16 (Ampere and newer) or a CPU with bf16 instructions (AVX512-BF16
-    or AMX, read from /proc/cpuinfo), fp16 with a gradient scaler on an older GPU, and fp32 ('no') elsewhere.
-    Any other choice is returned as is.
-    """
+    """Accelerate's ``mixed_precision`` for ``choice``: 'auto' is 'bf16' on a GPU with bf16 or a CPU with
+    AVX512-BF16 or AMX-BF16, 'fp16' on another GPU, else 'no'; any other choice as is."""
     if choice != "auto":
         return choice
     import torch
@@ -54,9 +46,8 @@ def resolve_mixed_precision(choice: str) -> str:
 
 
 def describe_device(device) -> str:
-    """The hardware a run's numbers depend on, in one line: the GPU's name, or the CPU's model name, its
-    threads and its bf16 instructions (e.g. ``cpu: AMD EPYC, 2 threads, avx512_bf16``). ``mixed_precision: auto``
-    resolves differently across them, and so do the metrics (docs/reproducibility.md)."""
+    """``cuda: <GPU name>``, or ``cpu: <model name>, <threads> threads, <bf16 instructions>`` (e.g. ``cpu: AMD
+    EPYC, 2 threads, avx512_bf16``)."""
     import torch
 
     if getattr(device, "type", str(device)) == "cuda":
@@ -66,19 +57,17 @@ def describe_device(device) -> str:
 
 
 def matmul_isa(mixed_precision: str, flags: set[str], capability: str | None = None) -> str:
-    """The instructions the CPU's matrix products run on, for a precision and the CPU's ``/proc/cpuinfo`` flags.
+    """The instructions the CPU's matrix products run on.
 
-    Read: the vector instruction set torch dispatches its CPU kernels to, ``torch.backends.cpu.get_cpu_capability()``
-    (``AVX512``, ``AVX2``, ``DEFAULT``, ...; ``capability`` stands in for it). fp32 products go to MKL's sgemm
-    (torch's CPU wheel: ``BLAS_INFO=mkl``), named with that reading: the widest set torch found usable on the CPU.
-    MKL picks its own code path, which torch can't report (``MKL_VERBOSE=1`` prints it), and ``ATEN_CPU_CAPABILITY``
-    lowers only torch's.
+    fp32: ``<capability> (MKL sgemm)``. bf16: ``AMX-BF16 (oneDNN)`` or ``AVX512-BF16 (oneDNN)`` where the CPU has AVX512
+    F, BW, VL and DQ (torch's ``mkldnn_bf16_device_check``) and that instruction set; otherwise, and for fp16,
+    ``<precision> converted to fp32 on <AVX512 or capability> (no <precision> instructions)``. The bf16 path is inferred
+    from ``flags``, which no torch function reports; MKL's own code path is not known (``MKL_VERBOSE=1`` prints it).
 
-    Inferred from ``flags``, which no torch function reports: whether bf16 products run on bf16 instructions. Under
-    autocast torch sends them to oneDNN where the CPU has AVX512 with BW, VL and DQ (torch's
-    ``mkldnn_bf16_device_check``), and oneDNN picks AMX tiles, else AVX512-BF16's dot products, else converts on
-    AVX512 ("CPU ISA hints" in its docs); elsewhere torch converts bf16 (and fp16) in its own kernels, on the read
-    instruction set.
+    Args:
+        mixed_precision: 'no', 'bf16' or 'fp16'.
+        capability: the vector instruction set torch dispatches to (``AVX512``, ``AVX2``, ``DEFAULT``, ...); None:
+            ``torch.backends.cpu.get_cpu_capability()``.
     """
     if capability is None:
         import torch

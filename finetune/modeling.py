@@ -1,23 +1,7 @@
-"""The classifier: a checkpoint loaded with a head for the task's labels (or one output for regression).
-
-Any encoder family that transformers' ``AutoModel`` and ``AutoModelForSequenceClassification`` know works: BERT,
-RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2, MPNet and their kin, with or without ``token_type_ids``. Two heads
-(``model.pooling``):
-- ``cls``: the family's own ``*ForSequenceClassification`` (e.g. ``BertForSequenceClassification``): a head on the
-  first token's vector ([CLS] / <s>), through BERT's pooler (a tanh projection, Devlin et al. 2019) or the family's
-  own dense layer (RoBERTa, ELECTRA, MPNet: ``classifier.dense`` / ``classifier.out_proj``; DistilBERT:
-  ``pre_classifier`` / ``classifier``; DeBERTa-v2: ``pooler`` / ``classifier``).
-- ``mean``: ``MeanPooledForSequenceClassification`` below, for every family: dropout and a linear layer on the mean
-  of the last hidden states over the real tokens. Sentence-transformers checkpoints such as all-MiniLM-L6-v2 (BERT)
-  and all-mpnet-base-v2 (MPNet) were trained as mean-pooled encoders (their ``1_Pooling/config.json``): their pooler
-  and [CLS] vector were never trained, and in all-MiniLM-L6-v2 the pooler is still at its random initialisation
-  (Reimers & Gurevych 2019, https://arxiv.org/abs/1908.10084).
-
-Importing this module registers the ``mean`` head with transformers' Auto classes (model type ``mean_pooled``,
-``MeanPooledConfig``, which holds the encoder's own config as its ``encoder`` sub-config, the way
-``EncoderDecoderConfig`` holds its encoder), so ``AutoModelForSequenceClassification.from_pretrained`` and
-``pipeline("text-classification", model="models/finetuned")`` load such a model once ``finetune.modeling`` is
-imported; no remote code is involved.
+"""The classifier of a checkpoint of any encoder family with the task's head: ``cls``, the family's own
+``*ForSequenceClassification`` on the first token, or ``mean``, ``MeanPooledForSequenceClassification`` on the masked
+mean of the last hidden states (as sentence-transformers checkpoints were trained: https://arxiv.org/abs/1908.10084).
+Importing the module registers the ``mean_pooled`` model type with transformers' Auto classes.
 """
 
 from __future__ import annotations
@@ -37,9 +21,8 @@ from finetune.tasks import Task
 
 
 class MeanPooledConfig(PreTrainedConfig):
-    """Config of a model with the mean-pooling head: the task's labels (``num_labels``, ``id2label``,
-    ``problem_type``) and ``encoder``, the encoder's own config (e.g. a ``RobertaConfig``), saved inside config.json
-    with its model type. Its own model type, so the Auto classes find the head."""
+    """Config of ``MeanPooledForSequenceClassification``: the task's labels and ``encoder``, the encoder's own
+    config (e.g. a ``RobertaConfig``)."""
 
     model_type = "mean_pooled"
     sub_configs_defaults = {"encoder": SubConfigSpec(config_class=AutoConfig, model_type="bert")}
@@ -73,11 +56,8 @@ def _head_dropout(config: PreTrainedConfig) -> float:
 class MeanPooledForSequenceClassification(PreTrainedModel):
     """Any encoder with a classification (or regression) head on the masked mean of its last hidden states.
 
-    Weights: the encoder under the family's own prefix (``bert.*``, ``roberta.*``, ``distilbert.*``, ``electra.*``,
-    ``deberta.*``, ``mpnet.*``: the names the family's ``*ForSequenceClassification`` gives it), an ``AutoModel`` of
-    ``config.encoder`` without its pooler where it has one, loaded from a bare encoder checkpoint, the family's
-    classifier or this class's own; and ``classifier.*`` (``Linear(hidden_size, num_labels)``, new). Loss as the
-    family's own head: cross-entropy, or mean squared error when ``config.problem_type == "regression"``.
+    Weights: the encoder without a pooler under the family's own prefix (``bert.*``, ``roberta.*``, ...), and
+    ``classifier.*`` (``Linear(hidden_size, num_labels)``). Loss: cross-entropy, or MSE for "regression".
     """
 
     config_class = MeanPooledConfig
@@ -117,9 +97,14 @@ class MeanPooledForSequenceClassification(PreTrainedModel):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
                 **kwargs) -> SequenceClassifierOutput:
-        """Logits ``[batch, num_labels]`` of token ids ``[batch, seq_len]``; the loss too when ``labels [batch]``
-        are given. Padding (``attention_mask`` 0) is left out of the mean. ``token_type_ids [batch, seq_len]`` go to
-        the encoder when its family takes them (not DistilBERT's, MPNet's)."""
+        """``logits [batch, num_labels]``, and ``loss`` with ``labels``.
+
+        Args:
+            input_ids: ``[batch, seq_len]``.
+            attention_mask: ``[batch, seq_len]``, 0 at padding, which the mean leaves out; None: no padding.
+            token_type_ids: ``[batch, seq_len]``, passed on where the family takes them (not DistilBERT, MPNet).
+            labels: ``[batch]`` class ids, or scores for regression.
+        """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if token_type_ids is not None and self.takes_token_type_ids:
@@ -143,17 +128,9 @@ AutoModelForSequenceClassification.register(MeanPooledConfig, MeanPooledForSeque
 
 
 def load_classifier(checkpoint_dir: str | Path, task: Task, pooling: str = "cls") -> PreTrainedModel:
-    """Load a sequence classifier for ``task`` from a local checkpoint folder, with a new head.
-
-    The config gets the task's ``num_labels`` (1 for regression), ``id2label`` / ``label2id`` (the class names, so
-    ``pipeline("text-classification")`` prints them) and ``problem_type`` (MSE loss for regression,
-    cross-entropy otherwise). The pipeline's ``models/pretrained`` holds an encoder only (the download stage drops
-    any head, ``load_encoder``), so the head is freshly initialised, seeded by the caller's ``set_seed``; a folder
-    with a head of another size (e.g. an MNLI model's 3 outputs) gets a new one too (``ignore_mismatched_sizes``).
-
-    ``pooling`` (``model.pooling``) picks the head: ``cls`` (the family's own, e.g. ``BertForSequenceClassification``
-    or ``RobertaForSequenceClassification``) or ``mean`` (``MeanPooledForSequenceClassification``), for a checkpoint of
-    any encoder family: a bare encoder, the family's own classifier or pretraining model, or a mean-pooled model.
+    """A sequence classifier for ``task`` from a ``save_pretrained`` folder of any encoder family (a bare encoder,
+    the family's classifier or pretraining model, or a mean-pooled model). The head is new (seeded by the caller's
+    ``set_seed``), replacing one of another size; ``pooling``: ``cls`` (the family's head) or ``mean``.
 
     Raises:
         CheckpointError: the folder lacks config, weights or tokenizer (``check_checkpoint``), its model type has no
@@ -183,13 +160,8 @@ def load_classifier(checkpoint_dir: str | Path, task: Task, pooling: str = "cls"
 
 
 def load_encoder(checkpoint_dir: str | Path) -> PreTrainedModel:
-    """The encoder of a local checkpoint, without its task head: what the download stage saves as
-    ``models/pretrained``, so that any checkpoint, a model fine-tuned by this pipeline included (intermediate
-    training, STILTs), starts the next run the same way.
-
-    A checkpoint with the family's head (e.g. ``RobertaForSequenceClassification``) becomes the family's
-    ``AutoModel`` (``RobertaModel``); a ``mean_pooled`` model (``model.pooling: mean``) becomes the ``AutoModel`` of its
-    ``encoder`` config without a pooler; so the next run may use either head.
+    """The encoder of a local checkpoint without its task head (``RobertaModel`` of a
+    ``RobertaForSequenceClassification``; a ``mean_pooled`` model's without a pooler).
 
     Raises:
         CheckpointError: the folder lacks config, weights or tokenizer, its model type has no encoder class, or a

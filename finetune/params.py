@@ -1,8 +1,6 @@
-"""params.yaml: its schema (validated once, every key required), read and validated. Where the pipeline's
-artifacts live is finetune/paths.py.
+"""params.yaml's schema (``Params``: every key required, validated once), ``load_params`` and ``with_overrides``.
 
     python -m finetune.params      # check params.yaml: prints what is wrong and exits 1, or says it is valid
-
 """
 
 from __future__ import annotations
@@ -20,10 +18,11 @@ from finetune.tasks import GLUE_DATASETS, GLUE_TASKS
 
 PARAMS_FILE = Path("params.yaml")
 
-# Schedulers of transformers.get_scheduler that need nothing beyond warmup and total steps.
-SCHEDULERS = Literal[
-    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
-]
+# transformers.SchedulerType's values that the loop can step without a metric (tests/test_params.py keeps them equal).
+SCHEDULERS = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                     "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay"]
+# Arguments of transformers.get_scheduler's functions that the loop sets itself (train.warmup_*, the run's length).
+LOOP_SCHEDULER_ARGS = ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")
 
 PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
@@ -112,6 +111,7 @@ class TrainParams(_Section):
     weight_decay: float = Field(ge=0, lt=1)  # not applied to biases and LayerNorm weights
     max_grad_norm: float | None = Field(gt=0)  # gradient clipping (null: none)
     scheduler: SCHEDULERS
+    scheduler_kwargs: dict[Annotated[str, Field(min_length=1)], Any]  # get_scheduler's scheduler_specific_kwargs
     warmup_steps: NonNegativeInt  # warmup in optimizer steps ...
     warmup_ratio: float = Field(ge=0, lt=1)  # ... or as a fraction of all optimizer steps (not both)
     metric_for_best: str | None = Field(min_length=1)  # picks the kept epoch: loss or a task metric (null: its main)
@@ -129,6 +129,14 @@ class TrainParams(_Section):
     adamw_impl: Literal["default", "foreach", "fused"]  # torch.optim.AdamW implementation
     torch_compile: StrictBool
     num_threads: PositiveInt | None  # torch.set_num_threads on CPU (null: torch's default)
+
+    @field_validator("scheduler_kwargs")
+    @classmethod
+    def _not_the_loops(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if taken := [key for key in kwargs if key in LOOP_SCHEDULER_ARGS]:
+            raise ValueError(f"{', '.join(taken)}: set by the loop (from train.warmup_steps or warmup_ratio and the "
+                             "run's length), not a scheduler kwarg")
+        return kwargs
 
     @field_validator("mixed_precision", mode="before")
     @classmethod
@@ -217,15 +225,32 @@ class OpenVinoParams(_Section):
 
 
 class ExportParams(_Section):
-    """The served forms of the fine-tuned model (finetune/export/make.py, docs/serving.md)."""
+    """The served forms of the fine-tuned model (finetune/export/registry.py, docs/serving.md)."""
 
-    forms: list[Literal["onnx-fp32", "onnx-int8", "torch-bf16", "openvino-fp32", "openvino-bf16",
-                        "openvino-int8"]]  # [] makes none
+    forms: list[str]  # names registered in finetune/export/registry.py; [] makes none
     opset: int = Field(strict=True, ge=17)  # ONNX opset of torch.onnx.export
     int8: Int8Params
     openvino: OpenVinoParams
     fp32_tolerance: float = Field(gt=0)  # largest |logit - PyTorch's logit| of an fp32 form: beyond, the stage fails
     max_metric_drop: float = Field(ge=0)  # a lossy form (int8, bf16) losing more of the main metric: a WARNING
+
+    @field_validator("forms", mode="before")
+    @classmethod
+    def _registered(cls, forms: Any) -> Any:
+        """Each form is one of the registry's, at validation time (a form registered at run time counts): an error
+        per other item, as a Literal of the names gives (``export.forms.0: Input should be 'onnx-fp32', ...``)."""
+        from pydantic_core import InitErrorDetails, PydanticCustomError
+
+        from finetune.export.registry import FORMS, expected
+
+        if not isinstance(forms, list):
+            return forms  # pydantic's own error: not a list
+        unknown = [InitErrorDetails(type=PydanticCustomError("literal_error", "Input should be {expected}",
+                                                             {"expected": expected()}), loc=(i,), input=form)
+                   for i, form in enumerate(forms) if not isinstance(form, str) or form not in FORMS]
+        if unknown:
+            raise ValidationError.from_exception_data("forms", unknown)
+        return forms
 
     @field_validator("forms")
     @classmethod

@@ -38,13 +38,9 @@ def own_model_folder(teacher: str) -> str:
 
 
 def project_path(path: str) -> Path:
-    """A path from params.yaml: absolute as is; inside the project (``data/own/...``, ``models/own/...``) relative to
-    the folder the stage runs in; outside it (``../shared/...``) relative to the original repository.
-
-    DVC runs a stage in the project root and sets ``$DVC_ROOT``. For a queued experiment the two differ: the stage
-    runs in a temporary copy under .dvc/tmp/exps (which holds the experiment's own tracked files), while
-    ``$DVC_ROOT`` names the original repository, beside which ``../shared`` lies. Outside DVC, both are the current
-    folder.
+    """A path from params.yaml: absolute, or inside the project (``data/own/...``), as is (relative to the
+    stage's folder); outside it (``../shared/...``) relative to ``$DVC_ROOT``, the original repository (a queued
+    experiment runs in a copy under .dvc/tmp/exps), or to the current folder outside DVC.
     """
     if Path(path).is_absolute() or not Path(path).parts or Path(path).parts[0] != "..":
         return Path(path)

@@ -1,6 +1,6 @@
-"""How a stage runs: logging, signals and expected errors; `accelerate launch` for a multi-process config; the
-Accelerator and CPU threads; outputs written atomically; files hashed; YAML read as DVC reads it. What the hardware
-decides (precision, the CPU's instructions) is in finetune/hardware.py."""
+"""How a stage runs: logging, signals and expected errors; ``accelerate launch`` for a multi-process config; the
+Accelerator and CPU threads; atomic writes; file hashes; YAML 1.2 as DVC reads it.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,12 @@ from finetune.errors import ParamsError, PipelineError
 
 
 def run_stage(main: Callable[[], Any]) -> None:
-    """Run a stage's ``main()`` as a command: logging set up, SIGTERM unwinding like Ctrl-C, expected errors short.
+    """Run a stage's ``main()`` as a command: logging set up, SIGTERM raising ``SystemExit`` (so ``atomic_dir``
+    and ``write_json`` remove their temp outputs), expected errors printed alone.
 
-    A ``PipelineError`` (bad params, data, checkpoint or batch) prints its message alone and exits 1; Ctrl-C
-    (KeyboardInterrupt) prints one line and exits 130; any other exception is a bug and keeps its traceback. SIGTERM
-    (what `kill`, job schedulers and `dvc queue kill` send) raises SystemExit, so the temp outputs of ``atomic_dir``
-    and ``write_json`` are removed, not left behind.
+    Raises:
+        SystemExit: ``ERROR: <message>`` (status 1) on a ``PipelineError``, 130 on Ctrl-C, 128 + 15 on SIGTERM; any
+            other exception goes on with its traceback.
     """
     setup_logging()
     if threading.current_thread() is threading.main_thread():
@@ -51,14 +51,9 @@ LAUNCHED = "FINETUNE_ACCELERATE_LAUNCHED"  # set in the processes `accelerate la
 
 
 def launch_if_distributed(module: str, accelerate_config: str | Path) -> None:
-    """Hand the stage ``module`` over to ``accelerate launch --config_file <accelerate_config> -m <module>`` when
-    that config asks for more than this one process (several processes or machines, or a distributed type such as
-    MULTI_GPU, DEEPSPEED or FSDP); return at once otherwise, and in the processes a launcher started.
-
-    One process runs the stage as it is: starting it through `accelerate launch` would only cost another Python
-    start that imports torch. The config's fields are accelerate's
-    (https://huggingface.co/docs/accelerate/package_reference/cli#accelerate-launch).
-    """
+    """Replace this process with ``accelerate launch --config_file <accelerate_config> -m <module>`` when the
+    config asks for several processes or machines or a distributed type; return otherwise and in launched processes
+    (https://huggingface.co/docs/accelerate/package_reference/cli#accelerate-launch)."""
     config = yaml_reader().load(Path(accelerate_config).read_text()) or {}
     distributed = str(config.get("distributed_type", "NO")).upper() != "NO" or \
         int(config.get("num_processes") or 1) > 1 or int(config.get("num_machines") or 1) > 1
@@ -82,12 +77,8 @@ def _raise_system_exit(signum, frame):
 
 
 def set_cpu_threads(num_threads: int | None) -> int:
-    """Set torch's intra-op CPU threads and return the number: ``num_threads``, or when None the CPUs this process
-    may run on divided among the processes of this machine (``LOCAL_WORLD_SIZE``, set by torchrun/accelerate).
-
-    `accelerate launch` exports OMP_NUM_THREADS=1 unless told otherwise, which on a CPU-only machine halves training
-    speed with 2 cores; this undoes that for the default single process.
-    """
+    """Set and return torch's intra-op CPU threads: ``num_threads``, or when None the CPUs this process may run on
+    divided among this machine's processes (``LOCAL_WORLD_SIZE``), in place of ``accelerate launch``'s 1."""
     import torch
 
     if num_threads is None:
@@ -98,11 +89,8 @@ def set_cpu_threads(num_threads: int | None) -> int:
 
 
 def make_accelerator(**kwargs):
-    """``accelerate.Accelerator(**kwargs)``, on CPU processes when torchrun started several and there is no GPU.
-
-    accelerate's own multi-CPU path (``--cpu --num_processes N``) needs MPI's mpirun; without it, it starts one
-    process. ``accelerate launch --multi_gpu --num_processes N`` (configs/accelerate/cpu_2proc.yaml) starts N
-    processes with torchrun instead, and with ``cpu=True`` they join a gloo process group on the CPU.
+    """``accelerate.Accelerator(**kwargs)``, on the CPU (a gloo process group) when torchrun started several
+    processes and there is no GPU (configs/accelerate/cpu_2proc.yaml; accelerate's own multi-CPU path needs MPI).
     """
     import torch
     from accelerate import Accelerator
@@ -128,9 +116,10 @@ def sha256_file(path: Path) -> str:
 
 
 def yaml_reader() -> YAML:
-    """A YAML 1.2 reader (and writer), as DVC reads and writes params.yaml: `dvc exp run -S` writes ``no`` and
-    ``3e-5`` unquoted, which PyYAML's YAML 1.1 would read as False and as a string. ``load`` raises ruamel's
-    ``YAMLError`` on text that is not YAML."""
+    """A YAML 1.2 reader and writer, as DVC reads and writes params.yaml (unquoted ``no`` and ``3e-5`` are a
+    string and a float, not YAML 1.1's False and a string); ``load`` raises ruamel's ``YAMLError`` on text that is not
+    YAML.
+    """
     return YAML(typ="safe", pure=True)
 
 
@@ -161,12 +150,22 @@ def write_json(path: str | Path, obj: Any) -> None:
         raise
 
 
+def markdown_table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:
+    """``rows`` under ``header`` as a GitHub Markdown table of ``str()`` cells, ending in a newline.
+
+    Raises:
+        ValueError: a row has another number of cells than the header.
+    """
+    import pandas as pd
+
+    cells = [[str(cell) for cell in row] for row in rows]
+    return pd.DataFrame(cells, columns=header).to_markdown(index=False, disable_numparse=True) + "\n"
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield an empty temp folder beside ``path``; on success it replaces ``path``, on error it is removed.
-
-    So a stage killed or failing half-way never leaves a folder that looks finished. Temp folders that a killed
-    (SIGKILL) earlier run left beside ``path`` are removed first.
+    """Yield an empty temp folder beside ``path`` that replaces ``path`` on success and is removed on error;
+    temp folders that a killed earlier run left beside ``path`` are removed first.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

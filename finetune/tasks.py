@@ -1,10 +1,6 @@
-"""What a run learns and how it is scored: the task of the data (text columns, labels, metric), found once by the
-download stage and saved beside the data (``task.json``) for every later stage, the fine-tuned model and predict.
-
-GLUE's nine tasks are known by name (``GLUE_TASKS``, from the GLUE paper, Wang et al. 2018,
-https://arxiv.org/abs/1804.07461, and the Hub's ``nyu-mll/glue`` card); the user's own files are described by
-``data.*`` params, and what they leave open is read off the data (``finetune.data.prepare.prepare_raw``).
-"""
+"""The task of the data: its text columns, class names and metrics, for GLUE's nine tasks by name (``GLUE_TASKS``,
+from the GLUE paper, Wang et al. 2018, https://arxiv.org/abs/1804.07461, and the Hub's ``nyu-mll/glue`` card) or
+for own data from params and the data (``own_task``); saved as ``task.json`` beside the data and the models."""
 
 from __future__ import annotations
 
@@ -19,14 +15,15 @@ TASK_FILE = "task.json"  # in data/raw, data/tokenized and models/finetuned
 
 @dataclass(frozen=True)
 class GlueTask:
-    """One GLUE task: its text columns, its class names (as on the Hub), its metrics (the first picks the best epoch
-    by default), and the Hub's split names where they differ from train / validation / test (MNLI)."""
+    """One GLUE task: ``label_names`` in id order as on the Hub (None for regression); ``metrics``, the first the
+    default ``train.metric_for_best``; ``splits``, the Hub's split name -> the pipeline's where they differ (MNLI);
+    ``symmetric``, a pair task whose label does not depend on the order of the two texts."""
 
     text_columns: tuple[str, ...]
-    label_names: tuple[str, ...] | None  # None: regression
+    label_names: tuple[str, ...] | None
     metrics: tuple[str, ...]
-    splits: dict[str, str] = field(default_factory=dict)  # the Hub's name -> the pipeline's
-    symmetric: bool = False  # a pair task whose label does not depend on the order of the two texts
+    splits: dict[str, str] = field(default_factory=dict)
+    symmetric: bool = False
 
 
 GLUE_TASKS = {
@@ -53,23 +50,23 @@ LOWER_IS_BETTER = {"loss", "mse"}
 
 @dataclass(frozen=True)
 class Task:
-    """The task of a prepared dataset.
+    """The task of a prepared dataset: ``name``, the GLUE task or ``own``; ``label_names`` in id order (None for
+    regression); ``metric_config``, the config of finetune/evaluate/glue_metric.py that scores it (a GLUE task, or
+    ``binary``, ``multiclass``, ``regression``); ``metrics``, what it returns, the first the default
+    ``train.metric_for_best``; ``positive_label``, the class id whose F1 is reported for binary own data;
+    ``symmetric``, a pair task whose label ignores the texts' order."""
 
-    ``label_names`` are the class names in id order (None for regression); ``metric_config`` is the config of
-    finetune/evaluate/glue_metric.py that scores it (a GLUE task name, or binary / multiclass / regression for own data);
-    ``positive_label`` is the id whose F1 is reported for binary own data.
-    """
-
-    name: str  # the GLUE task, or "own"
+    name: str
     text_columns: tuple[str, ...]
     label_names: tuple[str, ...] | None
     metric_config: str
-    metrics: tuple[str, ...]  # what the metric returns, the first being the default for train.metric_for_best
+    metrics: tuple[str, ...]
     positive_label: int = 1
-    symmetric: bool = False  # a pair task whose label ignores the texts' order (distill.transfer: neighbours)
+    symmetric: bool = False
 
     @property
     def is_regression(self) -> bool:
+        """True when the task has no class names."""
         return self.label_names is None
 
     @property
@@ -79,14 +76,15 @@ class Task:
 
     @property
     def id2label(self) -> dict[int, str]:
+        """Class id -> name for the model config (``{0: "score"}`` for regression)."""
         return {0: "score"} if self.is_regression else dict(enumerate(self.label_names))
 
     def metric_for_best(self, choice: str | None) -> tuple[str, str]:
-        """``(name, mode)`` of the validation metric that picks the best epoch: ``choice`` (``train.metric_for_best``)
-        or, when None, the task's first metric; mode 'min' for loss and MSE, 'max' otherwise.
+        """The validation metric that picks the best evaluation, as ``(name, mode)``: ``choice``
+        (``train.metric_for_best``), else the task's first metric; mode ``min`` for loss and MSE, else ``max``.
 
         Raises:
-            ValueError: ``choice`` is not ``loss`` nor one of the task's metrics; the message lists them.
+            ValueError: ``choice`` is neither ``loss`` nor one of the task's metrics; the message lists them.
         """
         name = choice or self.metrics[0]
         if name not in ("loss", *self.metrics):
@@ -100,11 +98,10 @@ class Task:
 
     @classmethod
     def load(cls, folder: str | Path) -> Task:
-        """The task saved in ``folder/task.json`` (by ``save``).
+        """The task saved in ``folder/task.json`` (``save``); prepared data and fine-tuned model folders have one.
 
         Raises:
-            CheckpointError: ``folder`` holds no task.json, or one that can't be read; naming the file. Fine-tuned
-                model folders (the train stage's, the export stage's forms) and prepared data have one.
+            CheckpointError: ``folder`` holds no task.json, or one that can't be read; naming the file.
         """
         file = Path(folder) / TASK_FILE
         if not file.is_file():
@@ -120,17 +117,19 @@ class Task:
 
 
 def glue_task(config: str) -> Task:
-    """The Task of GLUE config ``config``."""
+    """The Task of GLUE config ``config`` (a key of ``GLUE_TASKS``)."""
     g = GLUE_TASKS[config]
     return Task(config, g.text_columns, g.label_names, config, g.metrics, symmetric=g.symmetric)
 
 
 def own_task(text_columns: tuple[str, ...], label_names: tuple[str, ...] | None,
              positive_label: str | None = None, symmetric: bool = False) -> Task:
-    """The Task of the user's own data: regression when ``label_names`` is None, else binary or multi-class.
+    """The Task of the user's own data, named ``own``: regression when ``label_names`` is None, else binary (two
+    classes; ``positive_label``, the class whose F1 is reported, defaults to class id 1) or multiclass, scored by the
+    metric config of that name. ``symmetric``: the label ignores the order of the two texts.
 
     Raises:
-        ValueError: ``positive_label`` is not one of ``label_names``, or ``symmetric`` for a single text column.
+        ValueError: ``positive_label`` is not one of ``label_names``, or ``symmetric`` without two text columns.
     """
     if symmetric and len(text_columns) != 2:
         raise ValueError(f"data.symmetric: true needs two text columns (got {list(text_columns)})")

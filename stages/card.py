@@ -1,11 +1,6 @@
-"""Stage 7, card: the model folder users load, with its model card.
-
-Copies models/trained (the train stage's model, tokenizer and task.json) to models/finetuned/ and adds README.md,
-the model card (finetune/card.py): base model, data and their hashes, label names, metrics/eval.json as
-``model-index`` results, the collapse check, the params, the per-epoch validation table, the hardware, the git
-commit and dvc.lock's hashes. The folder is written atomically: on an error the previous one stays.
-``ModelCard.load("models/finetuned/README.md")`` reads the card, ``pipeline("text-classification",
-model="models/finetuned")`` the model.
+"""Stage card: the model folder users load. Copies models/trained to models/finetuned/ atomically, with README.md,
+the model card of finetune/card.py; ``ModelCard.load("models/finetuned/README.md")`` reads the card,
+``pipeline("text-classification", model="models/finetuned")`` the model.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Stage 3, collate-check: every batch that training and evaluation will see obeys the dynamic-padding rules.
-
-Builds the DataLoaders with the same code as training (finetune.data.batches) and checks the batches of every split,
-then runs one forward pass of the pretrained model. Writes metrics/collate_check.json; any broken rule exits
-non-zero with a message naming the split, the batch and the rule.
-
-Bounded on big data: a split of up to ``MAX_CHECKED_BATCHES`` batches (MRPC: 230 train batches) is checked whole;
-a larger one (SST-2: 4,210; 400 k rows: 25 k) in its first and last ``MAX_CHECKED_BATCHES / 4`` batches (with a
-length-sorted split the shortest and the longest rows) and a seeded random half of that limit between. The padding
-and length statistics always cover every batch: they need only the rows' token lengths and the sampler's batches.
-"""
+"""Stage collate-check: the batches that training and evaluation will see (built by finetune.data.batches) obey the
+dynamic-padding rules, and one forward pass of the pretrained model works. A split of up to ``MAX_CHECKED_BATCHES``
+batches is checked whole, a larger one in a sample (``batches_to_check``); padding and length statistics cover every
+batch. Writes metrics/collate_check.json; a broken rule exits non-zero naming the split, the batch and the rule."""
 
 from __future__ import annotations
 
@@ -32,19 +25,17 @@ from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 
-MAX_CHECKED_BATCHES = 2000  # per split; beyond it a sample (module docstring)
+MAX_CHECKED_BATCHES = 2000  # per split; beyond it a sample (batches_to_check)
 
 
 def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, task: Task, labeled: bool = True) -> None:
-    """Check one collated batch; ``where`` (e.g. "split=train batch=3") prefixes any error.
-
-    Rules: keys are the tokenizer's model inputs plus ``labels`` (none in an unlabeled split); every tensor is
-    ``[batch, seq_len]`` (``labels``: ``[batch]``); ``seq_len`` is the longest real sequence (dynamic padding);
-    padding is the pad id with attention_mask 0, only at the end; no empty sequence; labels are class ids in
-    ``[0, num_labels)`` (int64), or finite float scores for regression.
+    """Check one collated batch against the rules: keys are the tokenizer's model inputs plus ``labels`` (none when not
+    ``labeled``); every tensor is ``[batch, seq_len]`` (``labels``: ``[batch]``); ``seq_len`` is the longest real
+    sequence; padding is the pad id with attention_mask 0, only at the end; no empty sequence; labels are int64 class
+    ids in ``[0, num_labels)``, or finite float scores for regression.
 
     Raises:
-        CollateError: at the first broken rule.
+        CollateError: at the first broken rule, naming ``where`` (e.g. ``split=train batch=3``) and the rule.
     """
 
     def fail(rule: str, detail: str) -> None:
@@ -85,11 +76,16 @@ def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, tas
 
 def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, task: Task, labeled: bool,
                 seed: int = 0) -> dict:
-    """Check the batches of one split (every one, or a sample beyond ``MAX_CHECKED_BATCHES``: ``batches_to_check``)
-    and describe all of them: first batch shapes, padding fraction, mean/max length, batches and batches checked.
+    """Check the batches of one split and describe all of them. The batches are the DataLoader's own (its batch
+    sampler's row indices, collated by its ``collate_fn``), so a length-grouped train order is checked as training
+    sees it; ``seed`` draws the sample of batches (``batches_to_check``).
 
-    The batches are the DataLoader's own (its batch sampler's row indices, collated by its collate_fn), so a
-    length-grouped train order is checked as training sees it.
+    Returns:
+        ``batches``, ``first_batch_shapes``, ``padding_fraction`` (padded share of all tokens), ``mean_length`` and
+        ``max_length`` (tokens), ``checked_batches``.
+
+    Raises:
+        CollateError: at the first broken rule (``check_batch``).
     """
     dataset = dataloader.dataset
     # row indices per batch, drawn as the DataLoader draws them (its generator: the same order), nothing collated
@@ -113,8 +109,8 @@ def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, task
 
 
 def batches_to_check(n: int, seed: int = 0) -> list[int]:
-    """Which of ``n`` batches to check, in order: all up to ``MAX_CHECKED_BATCHES``; beyond, the first and the last
-    quarter of that limit and a random half of it (``seed``) from between."""
+    """Which of ``n`` batches to check, in order: all up to ``MAX_CHECKED_BATCHES``; beyond, the first and
+    the last quarter of that limit and a random half of it (``seed``) from between."""
     if n <= MAX_CHECKED_BATCHES:
         return list(range(n))
     edge = MAX_CHECKED_BATCHES // 4
@@ -123,11 +119,11 @@ def batches_to_check(n: int, seed: int = 0) -> list[int]:
 
 
 def check_forward(model, batch: dict, task: Task) -> dict:
-    """One forward pass; the loss must be finite and the logits ``[batch, num_labels]`` (``[batch, 1]`` for
-    regression).
+    """One forward pass of ``model`` on ``batch``, without gradients: ``{"loss", "logits_shape"}``.
 
     Raises:
-        CollateError: naming the rule broken.
+        CollateError: the logits are not ``[batch, num_labels]`` (``[batch, 1]`` for regression), or the loss is not
+            finite.
     """
     with torch.no_grad():
         out = model(**batch)
@@ -140,8 +136,8 @@ def check_forward(model, batch: dict, task: Task) -> dict:
 
 
 def check_all(params: Params, paths: Paths) -> dict:
-    """Check the batches of train and of ``evaluate.splits`` (``check_split``), then one forward pass; return the
-    report.
+    """Check the batches of train and of ``evaluate.splits`` (``check_split``), then one forward pass
+    (``check_forward``); returns split -> ``check_split``'s report, and ``forward`` -> ``check_forward``'s.
 
     Raises:
         CollateError: at the first broken rule, naming split, batch and rule.

@@ -1,10 +1,7 @@
-"""Stage 1, download: the raw splits of any GLUE task (Hub or local copy) or of the user's own files, the task they
-pose, and the pretrained checkpoint, with their provenance.
-
-Writes data/raw/ (DatasetDict.save_to_disk, plus task.json: text columns, class names, metric), models/pretrained/
-(tokenizer + model, save_pretrained) and metrics/provenance.json (source used, revision, sha256 of the source files,
-the task, rows and labels per split, and how a validation split was carved when the data had none).
-"""
+"""Stage download: the raw splits of a GLUE task (Hub or local copy) or of the user's own files with their task, and
+the pretrained checkpoint. Writes data/raw/ (``DatasetDict.save_to_disk`` plus task.json), models/pretrained/
+(tokenizer and encoder, ``save_pretrained``) and metrics/provenance.json (per source: what was used, its revision and
+sha256s; the task, rows and labels per split, and how a validation split was carved when the data had none)."""
 
 from __future__ import annotations
 
@@ -27,15 +24,17 @@ log = logging.getLogger(__name__)
 
 
 def download_dataset(p: DataParams, out_dir: Path) -> dict:
-    """Load ``p.dataset``/``p.config`` (or its local copy) or ``p.files``, check and prepare it, save it with its
-    task to ``out_dir``; return provenance.
-
-    Every check runs before ``out_dir`` is touched: on an error, nothing is written.
+    """Load, check and prepare the dataset (``p.dataset`` / ``p.config``, or ``p.local_copy``, or ``p.files``), carve a
+    validation split when it has none, keep the first ``p.max_samples`` rows of each split when set, and save it with
+    its task to ``out_dir``; nothing is written when a check fails. Returns the dataset's provenance: the ``Source``
+    record, ``config``, ``task``, ``validation_carved`` (None, or its fraction, seed, stratification and rows) and
+    ``splits`` (``split_summary`` per split).
 
     Raises:
         SourceError: neither the dataset nor its local copy can be found (``resolve_dataset``).
-        DataError: the files can't be loaded (``load_raw``, ``load_files``) or the data breaks a rule
-            (``prepare_raw``).
+        ParamsError: the own-data keys name a column twice or set class names for a regression (``prepare_raw``).
+        DataError: the files can't be loaded (``load_raw``, ``load_files``) or the data breaks a rule (``prepare_raw``,
+            ``carve_validation``).
     """
     if p.files is not None:
         source = resolve_files(p.files)
@@ -69,15 +68,16 @@ def download_dataset(p: DataParams, out_dir: Path) -> dict:
 
 
 def download_checkpoint(checkpoint: str, out_dir: Path) -> dict:
-    """Copy tokenizer and encoder of ``checkpoint`` (Hub id or folder) to ``out_dir`` via save_pretrained; a model
-    fine-tuned before (intermediate training) loses its head here, and the train stage gives it the task's.
+    """Save the tokenizer and encoder of ``checkpoint`` (``model.checkpoint``) to ``out_dir`` (``save_pretrained``); a
+    fine-tuned checkpoint's head is not carried over (the train stage adds the task's). Returns the checkpoint's
+    provenance: the ``Source`` record, ``model_type`` and ``parameters``.
 
     Raises:
         SourceError: no source has the checkpoint (``resolve_checkpoint``).
         CheckpointError: its folder lacks config, weights or tokenizer (``load_encoder``); nothing is written.
     """
     source = resolve_checkpoint(checkpoint)
-    model = load_encoder(source.path)  # checks the folder first; a fine-tuned checkpoint's head is not carried over
+    model = load_encoder(source.path)  # checks the folder first
     tokenizer = AutoTokenizer.from_pretrained(source.path)
     with atomic_dir(out_dir) as tmp:
         tokenizer.save_pretrained(tmp)

@@ -1,13 +1,8 @@
-"""Stage 6, evaluate: the task's metrics of the fine-tuned model (models/trained) on validation and test (where
-they exist and have labels), with predictions for every split.
-
-The work is ``finetune.evaluate.predictions.evaluate_model``. Run as ``python -m stages.evaluate`` (dvc.yaml): one process, or
-when ``train.accelerate_config`` asks for more, the stage hands itself over to ``accelerate launch`` before it imports
-torch (``finetune.runtime.launch_if_distributed``). Writes metrics/eval.json ``{"validation": {"loss", <the task's
-metrics>, "examples", "baseline", "most_predicted", "collapsed"}, "test": {...}}`` (one shape per task, e.g. MRPC:
-accuracy and F1; the last three are the collapse check, ``finetune.evaluate.collapse``), data/predictions/<split>.csv (see
-``finetune.evaluate.predictions.prediction_table``; written in chunks, so a split of 400 k rows never sits in memory as one
-table of texts) and, per labeled split, DVCLive's plots under dvclive/evaluate/plots/ (``finetune.train.live.log_plots``).
+"""Stage evaluate: the fine-tuned model's (models/trained) metrics and predictions on ``evaluate.splits``
+(``finetune.evaluate.predictions.evaluate_model``), in as many processes as ``train.accelerate_config`` asks for.
+Writes metrics/eval.json ``{split: {"loss", <the task's metrics>, "examples", "baseline", "most_predicted",
+"collapsed"}}`` (unlabeled splits: ``{"examples"}``), data/predictions/<split>.csv and, per labeled split, DVCLive's
+plots under dvclive/evaluate/plots/.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from finetune.runtime import launch_if_distributed, run_stage, write_json
 def main() -> None:
     params, paths = load_params(), Paths()
     launch_if_distributed("stages.evaluate", params.train.accelerate_config)
-    from accelerate import PartialState
+    from accelerate import PartialState  # imported after the hand-over to accelerate launch, as torch is
 
     from finetune.evaluate.predictions import evaluate_model
 

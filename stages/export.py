@@ -1,24 +1,17 @@
 """Stage 8, export: the fine-tuned model (models/finetuned) in the forms that serve it, each checked against it.
 
-Writes models/exported/<form>/ for each of ``export.forms`` (finetune/export/make.py: ONNX fp32, ONNX int8, bf16
-PyTorch where the hardware has bf16; finetune/export/openvino.py: OpenVINO fp32, bf16 and NNCF int8), each with the
-tokenizer, config.json, task.json and the model card, and metrics/export.json:
+Writes models/exported/<form>/ for each of ``export.forms`` (finetune/export/registry.py), each with the tokenizer,
+config.json, task.json and the model card, and metrics/export.json:
 
     {"pytorch": {"validation": {<the task's metrics>}, ..., "size_mb", "speed": {"batch_1_p50_ms", ...}},
      "onnx-int8": {"validation": {<the task's metrics>, "agreement", "max_abs_logit_diff"}, ..., "size_mb",
                    "kept_fp32_matmuls", "warning": [...]}, "torch-bf16": {"skipped": "why"}, ...,
      "fastest_at_parity": {"machine": "cpu: AMD EPYC, 2 threads, avx512_bf16", "batch_1": form, "batch_32": form}}
 
-``agreement`` is the share of rows whose prediction equals the PyTorch model's (classification), and
-``max_abs_logit_diff`` the largest |logit - PyTorch's logit|. An fp32 form beyond ``export.fp32_tolerance`` fails
-the stage (nothing is written); a lossy form whose main metric drops more than ``export.max_metric_drop`` on a split
-gets a WARNING in the log and a ``warning`` in export.json, which the model card of each form repeats.
-
-Each form at parity (no warning; with no labeled split, the fp32 forms only) and the PyTorch model are then timed
-on the first validation rows, tokenizing
-excluded (``finetune.export.forms.form_speed``: median ms at batch 1, rows/s at batch 32), and ``fastest_at_parity`` names
-the fastest at each batch size on this machine, which the chosen form's card repeats. Timings move with the CPU
-and what else runs on it; ``benchmarks/serve.py`` compares the forms from text against ``pipeline()``.
+``agreement``: the share of predictions equal to the PyTorch model's (classification); ``max_abs_logit_diff``: the
+largest |logit - PyTorch's logit|. An fp32 form beyond ``export.fp32_tolerance`` fails the stage (nothing is
+written); a lossy form whose main metric drops more than ``export.max_metric_drop`` on a split gets a ``warning``,
+logged and repeated in its model card. The forms at parity and PyTorch are then timed (``time_forms``).
 """
 
 from __future__ import annotations
@@ -29,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from finetune.errors import ExportError
+from finetune.export.registry import FORMS
 from finetune.params import Params, load_params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir, run_stage, write_json
@@ -40,19 +34,15 @@ if TYPE_CHECKING:
     from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
-LOSSY = ("onnx-int8", "torch-bf16", "openvino-bf16", "openvino-int8")
 
 
 def export_model(params: Params, paths: Paths) -> dict:
-    """Make each form of ``export.forms`` in a temp folder that replaces ``paths.exported`` when all passed, and
-    score each on the labeled splits of ``evaluate.splits`` against the PyTorch model.
-
-    Returns:
-        metrics/export.json's content (module docstring).
+    """Make each form of ``export.forms`` into ``paths.exported`` (replaced only when all passed) and score each on
+    the labeled splits of ``evaluate.splits`` against the PyTorch model; returns metrics/export.json's content.
 
     Raises:
         ExportError: a form can't be made, or an fp32 form's logits differ from PyTorch's beyond
-            ``export.fp32_tolerance``; the message names the form, the split and the difference.
+            ``export.fp32_tolerance``.
     """
     from datasets import load_from_disk  # imported here, as in finetune/distill/teacher.py: no forms, no torch
     from transformers import AutoTokenizer
@@ -97,7 +87,7 @@ def export_model(params: Params, paths: Paths) -> dict:
             results[form] = {**{s: {**rounded(metrics[s]), **parity(logits[s], reference_logits[s], task)}
                                 for s in splits}, "size_mb": file_size_mb(tmp / form), **extra}
             check_parity(form, results[form], splits, reference, p, main_metric, mode)
-            if "warning" in results[form] or (form in LOSSY and not splits):  # not at parity, or not known to be
+            if "warning" in results[form] or (FORMS[form].lossy and not splits):  # not at parity, or not known to be
                 del classifiers[form]
         results["fastest_at_parity"] = time_forms(results, classifiers, tokenized, tokenizer)
         for form in made:
@@ -106,10 +96,7 @@ def export_model(params: Params, paths: Paths) -> dict:
 
 
 def time_forms(results: dict, classifiers: dict, tokenized: DatasetDict, tokenizer) -> dict:
-    """Time each of ``classifiers`` (PyTorch and the forms at parity: without a ``warning``, and only fp32 ones when no
-    split has labels) on the tokenized validation split (``finetune.export.forms.form_speed``; train where there is none),
-    adding its ``speed`` to ``results``, in the process that exported (``benchmarks/serve.py`` times the forms in a
-    fresh process, from text).
+    """Add each of ``classifiers``' ``form_speed`` on the validation split (else train) to ``results`` as ``speed``.
 
     Returns:
         ``fastest_at_parity``: this machine, and the fastest form at batch 1 and at batch 32.
@@ -130,8 +117,8 @@ def rounded(metrics: dict) -> dict:
 
 
 def parity(logits: torch.Tensor, reference: torch.Tensor, task: Task) -> dict:
-    """How far a form's ``logits [examples, num_labels]`` are from the PyTorch model's: ``agreement`` (share of equal
-    predictions; classification only) and ``max_abs_logit_diff``."""
+    """``max_abs_logit_diff`` and (classification) ``agreement`` of ``logits [examples, num_labels]`` with
+    ``reference``."""
     from finetune.evaluate.evaluation import predictions_of
 
     out = {"max_abs_logit_diff": float(f"{(logits - reference).abs().max().item():.3g}")}
@@ -149,12 +136,12 @@ def check_parity(form: str, result: dict, splits: list[str], reference: dict, p,
     """
     for split in splits:
         diff = result[split]["max_abs_logit_diff"]
-        if form not in LOSSY and diff > p.fp32_tolerance:
+        if not FORMS[form].lossy and diff > p.fp32_tolerance:
             raise ExportError(f"{form}: {split} logits differ from the PyTorch model's by up to {diff} (more than "
                               f"export.fp32_tolerance {p.fp32_tolerance}): the export is wrong; nothing was written")
         drop = reference[split][main_metric] - result[split][main_metric]
         drop = drop if mode == "max" else -drop
-        if form in LOSSY and drop > p.max_metric_drop:
+        if FORMS[form].lossy and drop > p.max_metric_drop:
             warning = (f"{form} loses {drop:.4f} {main_metric} on {split} against the PyTorch model (more than "
                        f"export.max_metric_drop {p.max_metric_drop})")
             log.warning(warning)
@@ -162,15 +149,12 @@ def check_parity(form: str, result: dict, splits: list[str], reference: dict, p,
 
 
 def add_form_to_card(card: Path, form: str, result: dict, fastest: dict) -> None:
-    """Append the form's section to its copy of the model card: how to load it, its parity with PyTorch (the
-    warning of a lossy form included) and whether it was the fastest at parity on the export stage's machine."""
+    """Append to the form's model card how to load it, its parity with PyTorch and whether it was fastest."""
     if not card.exists() or "skipped" in result:
         return
-    load = {"onnx": "onnxruntime.InferenceSession(\"model.onnx\")",
-            "openvino": "openvino.compile_model(\"openvino_model.xml\", \"CPU\", <openvino.json's hint>)",
-            "torch": "AutoModelForSequenceClassification.from_pretrained(folder)  # bf16 weights"}[form.split("-")[0]]
-    lines = [f"\n## This form: {form}\n", f"Made by the export stage (docs/serving.md); load with `{load}` and the "
-             "tokenizer of this folder. Against the PyTorch fp32 model, from metrics/export.json:\n",
+    lines = [f"\n## This form: {form}\n", f"Made by the export stage (docs/serving.md); load with "
+             f"`{FORMS[form].loaded_with}` and the tokenizer of this folder. Against the PyTorch fp32 model, from "
+             "metrics/export.json:\n",
              "```json", json.dumps(result, indent=2), "```"]
     lines += [f"\n**Warning:** {w}." for w in result.get("warning", [])]
     lines += [f"\n**The fastest form at parity at {n.replace('_', ' ')}** on the export stage's machine "

@@ -1,11 +1,6 @@
-"""Stage 4, teacher: the logits of a fine-tuned teacher for every train row, for knowledge distillation.
-
-With ``distill.teacher`` (a fine-tuned model folder under models/own, of any family and tokenizer), the teacher reads
-the train split's texts of data/raw with its own tokenizer, in the row order of data/tokenized, and writes
-data/teacher/: ``logits.npy`` (``[rows, num_labels]`` float32) and ``teacher.json`` (its identity: folder, model
-type, weights' sha256, labels, rows, seconds); with ``distill.transfer`` also the transfer set (unlabelled pairs,
-finetune/distill/transfer.py) and its logits: ``transfer.parquet`` and ``transfer_logits.npy``. With ``distill.teacher:
-null`` it writes only ``teacher.json`` saying distillation is off, loading nothing. The folder is written atomically.
+"""Stage teacher: a fine-tuned teacher's logits of every train row (and transfer pair) in data/teacher
+(``teacher.json``, ``logits.npy`` ``[rows, num_labels]`` float32; ``transfer.parquet``, ``transfer_logits.npy``);
+with ``distill.teacher`` null only ``teacher.json`` saying distillation is off, loading nothing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Stage 2, tokenize: the task's text (a sentence, or a pair) to token ids with the checkpoint's tokenizer.
-
-Writes data/tokenized/ (Arrow, DatasetDict.save_to_disk, plus the task.json of data/raw) and
-metrics/token_lengths.json (per split).
-"""
+"""Stage tokenize: the task's text columns to token ids with the checkpoint's tokenizer. Writes data/tokenized/
+(``DatasetDict.save_to_disk`` plus data/raw's task.json) and metrics/token_lengths.json (``length_stats`` per
+split)."""
 
 from __future__ import annotations
 
@@ -23,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def tokenize_splits(params: Params, paths: Paths) -> dict:
-    """Tokenize every split of ``paths.raw`` into ``paths.tokenized``; return token-length stats per split.
+    """Tokenize every split of ``paths.raw`` into ``paths.tokenized`` (``finetune.data.tokenization.tokenize``) with
+    ``tokenize.max_length`` and ``tokenize.num_proc``; returns split -> ``length_stats``.
 
     Raises:
         ParamsError: ``tokenize.max_length`` is above the checkpoint's positions (``position_limit``); nothing is
@@ -35,8 +34,7 @@ def tokenize_splits(params: Params, paths: Paths) -> dict:
     max_length = truncation_length(tokenizer, params.tokenize.max_length, limit)
     log.info("Tokenizing %s (%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
              type(tokenizer).__name__, max_length)
-    # the rows go to memory-mapped Arrow files in a scratch folder (memory does not grow with them), then are saved;
-    # named like atomic_dir's temp folders, so a killed run's scratch is removed by the next run's atomic_dir
+    # the scratch folder is named like atomic_dir's temp folders, so the next run's atomic_dir removes a killed run's
     with atomic_dir(paths.tokenized) as tmp, \
             tempfile.TemporaryDirectory(dir=paths.tokenized.parent, prefix=f".{paths.tokenized.name}.scratch-",
                                         suffix=".tmp") as scratch:

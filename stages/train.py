@@ -1,10 +1,6 @@
-"""Stage 5, train: fine-tune the pretrained checkpoint on the train split with an explicit loop on Accelerate.
-
-The loop itself is finetune/train/loop.py. Run as ``python -m stages.train`` (dvc.yaml): one process, or when
-``train.accelerate_config`` asks for more, the stage hands itself over to ``accelerate launch`` with that config
-(``finetune.runtime.launch_if_distributed``). Writes models/trained/ (model + tokenizer, task.json; the card stage
-copies it to models/finetuned/ with its model card), models/checkpoints/, metrics/train.json and the DVCLive logs
-dvclive/train/steps and dvclive/train/epochs.
+"""Stage train: fine-tune the pretrained checkpoint (``finetune.train.loop.train``) in this process, or handed over
+to ``accelerate launch`` when ``train.accelerate_config`` asks for more; writes models/trained, models/checkpoints,
+metrics/train.json and dvclive/train.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ log = logging.getLogger(__name__)
 def main() -> None:
     params, paths = load_params(), Paths()
     launch_if_distributed("stages.train", params.train.accelerate_config)
-    # Imported after the hand-over: a process that only starts `accelerate launch` never loads torch (about 5 s).
+    # Imported after the hand-over: a process that only starts `accelerate launch` never loads torch.
     from accelerate import PartialState
 
     from finetune.train.loop import train

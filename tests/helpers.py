@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -159,6 +160,11 @@ def save_collapsed_model(paths: Paths, task, winner: int) -> Path:
     AutoTokenizer.from_pretrained(paths.pretrained).save_pretrained(paths.trained)
     task.save(paths.trained)
     return paths.trained
+
+
+def squeeze(text: str) -> str:
+    """``text`` with runs of spaces as one: Markdown tables compared cell by cell, whatever their padding."""
+    return re.sub(r" {2,}", " ", text)
 
 
 def tiny_params(**overrides: dict[str, Any]) -> Params:

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.workspace import check_workspace
 from finetune.tasks import glue_task
-from tests.helpers import REPO, make_project, python, reset_accelerate, run, tiny_params, write_params
+from tests.helpers import REPO, make_project, python, reset_accelerate, run, squeeze, tiny_params, write_params
 
 e2e = pytest.mark.e2e  # the stages in subprocesses, as the benchmark runs them
 
@@ -59,7 +59,7 @@ def test_checkpoints_side_by_side_with_the_flop_ratio_of_their_shapes(project, t
     # samples/s from the unrounded time: 2 steps of a tiny model may round train_seconds to 0.0
     assert all(r["samples_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["settings"]["batch_size"] == 8 for r in records)
     assert all(r["samples"] == 2 * 8 for r in records)
-    assert "| checkpoint | type | layers × hidden |" in (tmp_path / "CHECKPOINTS.md").read_text()
+    assert "| checkpoint | type | layers × hidden |" in squeeze((tmp_path / "CHECKPOINTS.md").read_text())
 
 
 # A workspace whose last experiment left another dataset (own files by -S, or another GLUE task in data/raw).

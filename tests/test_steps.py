@@ -18,7 +18,7 @@ from finetune.card import training_table
 from finetune.errors import CheckpointError
 from finetune.train import loop as training
 from finetune.train.loop import train
-from tests.helpers import interrupt_and_resume, reset_accelerate, tiny_params
+from tests.helpers import interrupt_and_resume, reset_accelerate, squeeze, tiny_params
 
 TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_step"}
 
@@ -69,7 +69,7 @@ def test_evaluation_every_n_steps_keeps_the_best_step(tiny_project, monkeypatch)
     assert epochs["epoch"].tolist() == [1, 2, 2, 2]
     assert not (paths.train_logs / "epochs").exists()
     # the model card's table: a row per evaluation, the kept step marked
-    table = training_table(paths.train_logs, metrics).splitlines()
+    table = squeeze(training_table(paths.train_logs, metrics)).splitlines()
     assert table[0].startswith("| step | epoch | train loss | validation loss |") and len(table) == 2 + 4
     assert table[3].startswith("| 6 | 2 |") and table[3].endswith("| ✓ |")
     # a checkpoint after each evaluation; the newest one kept (save_total_limit 1)

@@ -4,6 +4,7 @@ plots grid lays out every plot."""
 import pandas as pd
 import pytest
 
+from tests.helpers import squeeze
 from tools.summarize import compare_to, main_metric, markdown, metric_columns, summarize
 
 
@@ -23,7 +24,7 @@ def test_seeds_of_one_configuration_are_summarised_together():
     assert other["seeds"] == [42, 1, 2] and other["experiments"] == ["a-42", "a-1", "a-2"]
     assert other["validation.accuracy"]["mean"] == pytest.approx(0.82)
     assert other["validation.accuracy"]["std"] == pytest.approx(0.02)  # sample std (n - 1)
-    table = markdown(configurations, varying, metric_columns(df))
+    table = squeeze(markdown(configurations, varying, metric_columns(df)))
     assert "| 0.0001 | 3 | 42,1,2 | 0.8200 ± 0.0200 | 0.8700 ± 0.0100 | 2.7 ± 0.6 |" in table
 
 
@@ -70,8 +71,8 @@ def test_a_configuration_is_compared_to_the_baseline_by_the_standard_error_of_th
     assert mean["vs_baseline"]["diff"] == pytest.approx(0.03)
     assert mean["vs_baseline"]["se"] == pytest.approx((0.01 ** 2 / 3 * 2) ** 0.5, abs=1e-4)
     assert mean["vs_baseline"]["wins"]
-    assert "| mean | 3 | 42,1,2 | 0.9000 ± 0.0100 | +0.0300 (SE 0.0082) |" in markdown(configurations, varying,
-                                                                                  ["validation.f1"])
+    table = squeeze(markdown(configurations, varying, ["validation.f1"]))
+    assert "| mean | 3 | 42,1,2 | 0.9000 ± 0.0100 | +0.0300 (SE 0.0082) |" in table
     with pytest.raises(SystemExit, match="--baseline 'x-\\*': no summarised experiment matches"):
         compare_to(configurations, "x-*", "validation.f1")
 

@@ -4,16 +4,18 @@ stopping."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import finetune.train.loop as training
+from finetune.errors import ParamsError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task
 from finetune.train.loop import EarlyStopping, train
-from finetune.train.run import make_optimizer
+from finetune.train.run import Schedule, make_optimizer, make_scheduler
 from tests.helpers import make_checkpoint, make_project, reset_accelerate, tiny_params
 
 
@@ -60,6 +62,52 @@ def test_warmup_ratio_counts_optimizer_steps(tiny_project):
     # 10 optimizer steps, 4 of warmup: the learning rate rises to its peak after step 4, then decays to 0
     assert len(lrs) == 10 and max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) == 3
     assert lrs[:4] == sorted(lrs[:4]) and lrs[3:] == sorted(lrs[3:], reverse=True) and lrs[-1] == 0.0
+
+
+def test_scheduler_kwargs_reach_the_schedule(tiny_project):
+    params = tiny_params(train={"epochs": 2, "warmup_steps": 0, "log_every": 1, "scheduler": "cosine_with_restarts",
+                                "scheduler_kwargs": {"num_cycles": 2}})
+    paths = tiny_project(params=params)
+    train(params, paths)
+    lr_log = paths.train_logs / "steps/plots/metrics/train/lr.tsv"
+    lrs = [float(line.split("\t")[-1]) for line in lr_log.read_text().splitlines()[1:]]
+    # 10 optimizer steps, 2 hard restarts: the learning rate after step s is 1e-3 x cos-decay of (2 s / 10) mod 1
+    expected = [1e-3 * 0.5 * (1 + math.cos(math.pi * ((2 * s / 10) % 1))) for s in range(1, 10)] + [0.0]
+    assert lrs == pytest.approx(expected) and lrs[4] == pytest.approx(1e-3)  # the restart at step 5
+
+
+def _lrs(scheduler: str, kwargs: dict, total: int = 10, warmup: int = 0) -> list[float]:
+    """The learning rates (peak 1.0) of ``scheduler`` with ``kwargs`` over ``total`` steps, as the loop steps it."""
+    p = tiny_params(train={"scheduler": scheduler, "scheduler_kwargs": kwargs, "lr": 0.5}).train
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    s = make_scheduler(optimizer, p, Schedule(steps_per_epoch=total, total_steps=total, epochs=1, warmup_steps=warmup))
+    lrs = []
+    for _ in range(total):
+        optimizer.step()
+        s.step()
+        lrs.append(s.get_last_lr()[0])
+    return lrs
+
+
+def test_schedulers_beyond_warmup_and_length_take_their_own_arguments():
+    assert _lrs("polynomial", {"power": 2.0, "lr_end": 0.0}) == pytest.approx([(1 - s / 10) ** 2 for s in range(1, 11)])
+    assert _lrs("cosine_with_min_lr", {"min_lr_rate": 0.1})[-1] == pytest.approx(0.1)
+    wsd = _lrs("warmup_stable_decay", {"num_decay_steps": 4}, warmup=2)  # 2 warmup, 4 stable, 4 decay steps
+    assert wsd[1:6] == [1.0] * 5 and wsd[-1] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("scheduler,kwargs,message", [
+    ("cosine", {"power": 2.0}, "power: not an argument of the 'cosine' scheduler (its own: num_cycles)"),
+    ("constant", {"num_cycles": 2}, "num_cycles: not an argument of the 'constant' scheduler (its own: none)"),
+    ("warmup_stable_decay", {}, "the 'warmup_stable_decay' scheduler refuses {}: get_wsd_schedule() missing 1"),
+    ("cosine_with_min_lr", {}, "the 'cosine_with_min_lr' scheduler refuses {}: One of min_lr or min_lr_rate"),
+    ("polynomial", {"power": "two"}, "the 'polynomial' scheduler refuses {'power': 'two'}: unsupported operand"),
+])
+def test_a_bad_scheduler_kwarg_is_one_params_error(scheduler, kwargs, message):
+    with pytest.raises(ParamsError) as err:
+        _lrs(scheduler, kwargs)
+    assert str(err.value).startswith(f"params.yaml: train.scheduler_kwargs: {message}")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("values,patience,threshold,stop_after,best", [

@@ -35,6 +35,7 @@ from tests.helpers import (
     python,
     run,
     run_stages_at_once,
+    squeeze,
     start,
     tiny_params,
     write_hub_folder,
@@ -45,7 +46,7 @@ from tools.tune import connect, settle_study
 from tools.tune import main as tune_main
 
 PARAMS = tiny_params().model_dump()
-COMMITTED = yaml.safe_load(Path("params.yaml").read_text())
+COMMITTED = yaml.safe_load((REPO / "params.yaml").read_text())
 
 
 def space_file(tmp_path: Path, text: str) -> Path:
@@ -93,7 +94,7 @@ def test_every_shipped_space_is_valid():
         load_space(path, COMMITTED)
 
 
-def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path):
+def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path, monkeypatch):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     space = load_space(REPO / "configs/search/rte.yaml", COMMITTED)
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
@@ -106,10 +107,11 @@ def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path):
         with pytest.raises(SystemExit, match="study s " + says.replace("[", r"\[").replace("]", r"\]")):
             settle_study(study, seeds, 42, other, metric)
     # through the command: refused before any trial or report
+    monkeypatch.chdir(REPO)  # the command runs in the project root
     args = ["--space", "configs/search/rte.yaml", "--study", "s", "--storage", storage, "--seeds", "3"]
     with pytest.raises(SystemExit, match="began with seeds"):
         tune_main(args)
-    assert not Path("metrics/search/s").exists()
+    assert not (REPO / "metrics/search/s").exists()
 
 
 def test_workers_starting_together_on_a_new_database_all_connect(tmp_path, monkeypatch):
@@ -243,7 +245,7 @@ def test_two_workers_share_a_study_whose_trials_are_experiments_and_reported(pro
         assert {"COMPLETE": trial.value == seed["value"], "PRUNED": seed["pruned"],
                 "FAIL": "collapsed" in trial.user_attrs.get("fail_reason", "")}[trial.state.name]
     report = project / "metrics/search/tiny"
-    table = (report / "trials.md").read_text()
+    table = squeeze((report / "trials.md").read_text())
     assert "| trial | state | train.lr | train.scheduler | seed 7 | mean f1 | train s | note |" in table
     summary = json.loads((report / "trials.json").read_text())["summary"]
     assert summary["trials"] == len(study.trials) and summary["metric"] == "validation.f1"

@@ -27,7 +27,8 @@ from finetune.data.loading import WRITE_FORMATS, check_writable, load_files, wri
 from finetune.data.tokenization import position_limit, tokenize, truncation_length
 from finetune.errors import CheckpointError, DataError
 from finetune.evaluate.evaluation import evaluate_split, with_predictions
-from finetune.export.forms import PYTORCH, form_folder, load_form
+from finetune.export.forms import form_folder, load_form
+from finetune.export.registry import FORMS, PYTORCH
 from finetune.params import EvaluateParams
 from finetune.runtime import make_accelerator, run_stage, set_cpu_threads
 from finetune.tasks import Task
@@ -83,7 +84,7 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     model = load_form(form, model_dir, exported_dir)
     tokenized = tokenize({"input": text}, tokenizer, max_length, task.text_columns)
     accelerator = make_accelerator()
-    if form in (PYTORCH, "torch-bf16"):  # an ONNX Runtime session runs on the CPU as it is
+    if form == PYTORCH or FORMS[form].pytorch_module:  # an ONNX Runtime or OpenVINO model runs on the CPU as it is
         model = accelerator.prepare(model)
     loader, order = evaluation_loader(tokenized["input"], tokenizer, evaluation)
     _, logits = evaluate_split(model, accelerator.prepare(loader), accelerator, task, None, desc="predict")
@@ -94,9 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("input", type=Path, help="CSV, TSV, JSON Lines, JSON or Parquet file of new examples")
     parser.add_argument("--model", type=Path, default=Path("models/finetuned"), help="fine-tuned model folder")
-    parser.add_argument("--form", default=PYTORCH, help="pytorch (the model folder, fp32) or a form the export "
-                        "stage made: onnx-fp32, onnx-int8, torch-bf16, openvino-fp32, openvino-bf16, "
-                        "openvino-int8 (docs/serving.md)")
+    parser.add_argument("--form", default=PYTORCH, help=f"{PYTORCH} (the model folder, fp32) or a form the export "
+                        f"stage made: {', '.join(FORMS)} (docs/serving.md)")
     parser.add_argument("--exported", type=Path, default=Path("models/exported"), help="the export stage's folder")
     parser.add_argument("--out", type=Path, default=Path("predictions.csv"),
                         help=f"file to write, in the format of its suffix: {', '.join(WRITE_FORMATS)}")

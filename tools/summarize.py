@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from finetune.runtime import write_json
-from finetune.tables import markdown_table
+from finetune.runtime import markdown_table, write_json
 from tools.cli import positive_int
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,8 @@ IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_th
 # pruned: a search's pruner stopped the run (tools.tune); summarised as the share of the seeds pruned
 RUN_METRICS = ["best_epoch", "best_step", "epochs", "pruned", "train_seconds", "wall_seconds"]
 PARAM_PREFIXES = ("data.", "model.", "tokenize.", "train.", "evaluate.", "distill.")
-# eval.json's collapse check (finetune/evaluate/collapse.py): the constant baseline and the predictions' shape, not metrics
+# eval.json's collapse check (finetune/evaluate/collapse.py): the constant baseline and the predictions' shape, not
+# metrics
 CHECK_FIELDS = ("baseline.", "most_predicted.", "collapsed")
 
 

@@ -6,8 +6,8 @@ Not a pipeline stage. Each trial samples a configuration from a search space (``
 temporary copy, see only what git tracks. The objective is the mean over ``--seeds`` of the validation metric that
 picks the best evaluation (``train.metric_for_best``: the task's main metric; loss and MSE minimised). A collapsed
 seed (the collapse check) fails the configuration. Optuna's TPE sampler proposes, its MedianPruner stops a trial whose
-first seed falls below the median of earlier trials at the same epoch (``finetune.train.trial``, the loop's one hook), and
-its storage holds the study: killed, the same command resumes it; two processes (or machines, given one database
+first seed falls below the median of earlier trials at the same epoch (``finetune.train.trial``, the loop's one hook),
+and its storage holds the study: killed, the same command resumes it; two processes (or machines, given one database
 ``--storage``) share it. See docs/search.md.
 
     python -m tools.tune --space configs/search/rte.yaml --trials 20              # study "rte", trials rte-0, rte-1…

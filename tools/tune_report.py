@@ -13,8 +13,7 @@ from pathlib import Path
 
 import optuna
 
-from finetune.runtime import read_yaml, write_json, yaml_reader
-from finetune.tables import markdown_table
+from finetune.runtime import markdown_table, read_yaml, write_json, yaml_reader
 from tools.search_space import SearchSpace, nested
 
 log = logging.getLogger(__name__)

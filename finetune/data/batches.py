@@ -1,8 +1,6 @@
-"""Every DataLoader of the pipeline: dynamic padding, training batches (length-grouped) and evaluation batches
-(length-sorted, predictions put back in row order).
-
-Dynamic padding as in the Hugging Face course, chapter 3 "A full training":
-https://huggingface.co/learn/llm-course/chapter3/4
+"""Every DataLoader of the pipeline: the dynamic-padding collator, shuffled (optionally length-grouped) training
+batches and evaluation batches (optionally length-sorted). Dynamic padding follows the Hugging Face course, "A full
+training": https://huggingface.co/learn/llm-course/chapter3/4
 """
 
 from __future__ import annotations
@@ -21,13 +19,9 @@ TEACHER_LOGITS = "teacher_logits"  # with distillation, a train row's teacher lo
 
 
 class PairCollator:
-    """Dynamic padding (``DataCollatorWithPadding``: each batch padded to its longest sequence, with the tokenizer's
-    pad id, on the right).
-
-    With distillation the train rows carry the teacher's logits (``TEACHER_LOGITS``:
-    ``finetune.distill.loss.with_teacher_logits``): they are stacked as ``teacher_logits``, a float32 tensor
-    ``[batch, num_labels]``.
-    """
+    """Dynamic padding: each batch padded on the right to its longest sequence with the tokenizer's pad id
+    (``DataCollatorWithPadding``). Rows that carry ``TEACHER_LOGITS`` (distillation) get them stacked as
+    ``teacher_logits``, float32 ``[batch, num_labels]``."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.pad = DataCollatorWithPadding(tokenizer=tokenizer)
@@ -42,21 +36,16 @@ class PairCollator:
 
 
 def make_collator(tokenizer: PreTrainedTokenizerBase) -> PairCollator:
-    """The collator of every DataLoader: dynamic padding, see ``PairCollator``."""
+    """The collator of every DataLoader: ``PairCollator(tokenizer)``."""
     return PairCollator(tokenizer)
 
 
 def train_dataloader(ds: Dataset, collator: PairCollator, batch_size: int, seed: int,
                      group_by_length: bool = False) -> DataLoader:
-    """Shuffled training batches; the order depends on ``seed`` only (reseed ``loader.generator`` to change it).
-
-    With ``group_by_length``, transformers' ``LengthGroupedSampler`` shuffles the rows, cuts them into chunks
-    of up to 50 batches and sorts each chunk by length, so a batch holds sequences of similar length and
-    dynamic padding adds little (the course's random batches pad about a quarter of all tokens on MRPC).
-
-    Each batch is a dict of tensors ``[batch, seq_len]`` (``labels``: ``[batch]``; with distillation
-    ``teacher_logits``: ``[batch, num_labels]``).
-    """
+    """Shuffled training batches, in an order fixed by ``seed`` (reseed ``loader.generator`` to change it): tensors
+    ``[batch, seq_len]``, ``labels`` ``[batch]`` and, with distillation, ``teacher_logits`` ``[batch, num_labels]``.
+    ``group_by_length``: batches of similar length (transformers' ``LengthGroupedSampler``: shuffled, cut into chunks of
+    up to 50 batches, each chunk sorted by length)."""
     generator = torch.Generator().manual_seed(seed)
     if group_by_length:
         sampler = LengthGroupedSampler(batch_size, lengths=token_lengths(ds), generator=generator)
@@ -65,27 +54,19 @@ def train_dataloader(ds: Dataset, collator: PairCollator, batch_size: int, seed:
 
 
 def eval_dataloader(ds: Dataset, collator: PairCollator, batch_size: int) -> DataLoader:
-    """Evaluation batches in dataset order.
-
-    The loader has its own generator: without one, every ``iter(loader)`` draws a seed from torch's global
-    RNG, so validating between epochs would change the dropout masks of the epochs after it.
-    """
+    """Evaluation batches of ``ds`` in dataset order; its own generator leaves torch's global RNG (dropout) as is."""
     return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator, generator=torch.Generator())
 
 
 def length_order(ds: Dataset) -> np.ndarray:
-    """Row indices ``[examples]``, shortest first (stable): ``ds.select(order)`` batches with little padding."""
+    """Row indices ``[examples]`` of ``ds``, shortest first (stable sort)."""
     return np.argsort(np.asarray(token_lengths(ds)), kind="stable")
 
 
 def evaluation_batches(ds: Dataset, collator: PairCollator,
                        p: EvaluateParams) -> tuple[DataLoader, np.ndarray | None]:
-    """The evaluation DataLoader of one tokenized split and the row order it follows.
-
-    With ``p.sort_by_length`` the rows go shortest first (little padding) and ``order`` ``[examples]`` is returned:
-    put outputs back in row order with ``outputs[np.argsort(order)]``. Otherwise rows keep their order and
-    ``order`` is None.
-    """
+    """The evaluation DataLoader of one tokenized split and, with ``p.sort_by_length``, its row order ``[examples]``
+    (shortest first; ``outputs[np.argsort(order)]`` puts outputs back in row order), else None (rows in order)."""
     if not p.sort_by_length:
         return eval_dataloader(ds, collator, p.batch_size), None
     order = length_order(ds)
@@ -94,5 +75,5 @@ def evaluation_batches(ds: Dataset, collator: PairCollator,
 
 def evaluation_loader(ds: Dataset, tokenizer: PreTrainedTokenizerBase,
                       p: EvaluateParams) -> tuple[DataLoader, np.ndarray | None]:
-    """``evaluation_batches`` of one tokenized split with the dynamic-padding collator of ``tokenizer``."""
+    """``evaluation_batches`` of ``ds`` with the dynamic-padding collator of ``tokenizer``."""
     return evaluation_batches(ds, make_collator(tokenizer), p)

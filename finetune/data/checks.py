@@ -1,8 +1,6 @@
-"""The rules every row of a split obeys, whatever the task: the text and label columns present, rows in the split,
-no null, empty or whitespace-only text, no idx twice. Each is checked on a pandas DataFrame of the split (vectorised)
-and broken with a DataError that names the split and the row (``row_name``). The label rules are in
-``finetune.data.labels``; ``finetune.data.prepare.prepare_raw`` runs both.
-"""
+"""The row rules every split obeys, whatever the task: text and label columns present, rows in the split, no null,
+empty or whitespace-only text, no list or mapping values, integer idx with none twice. Each is checked on a pandas
+DataFrame of the split and broken with a ``DataError`` naming ``where`` (the folder or file), the split and the row."""
 
 from __future__ import annotations
 
@@ -15,13 +13,14 @@ from finetune.errors import DataError
 
 def checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, ...],
                   label_column: str) -> pd.DataFrame:
-    """The split as a DataFrame (``_frame``: the text columns, ``label`` and ``idx``) once its columns, rows, texts
-    and idx obey the rules. Train and validation need ``label_column``; a test split may lack it (unlabeled).
+    """The split as a DataFrame once its columns, rows, texts and idx obey the row rules: the text columns (``str``),
+    ``label`` (None throughout when absent; only ``train`` and ``validation`` must have ``label_column``) and ``idx``
+    (the data's own, else the 0-based row number, with ``df.attrs["numbered"]`` True).
 
     Raises:
-        DataError: a column is missing, the split is empty, a text is empty or not a single value (``clean_texts``),
-            a label is a list or mapping, or an idx is repeated; naming ``where``, the split and, for a row's fault,
-            the row.
+        DataError: a column is missing, the split is empty, a text is null, empty or whitespace-only, a text or label is
+            a list or mapping, or an idx is not an integer or is repeated; naming ``where``, the split and, for a row's
+            fault, the row.
     """
     missing = [c for c in text_columns if c not in ds.column_names]
     if split in ("train", "validation") and label_column not in ds.column_names:
@@ -49,23 +48,20 @@ def _frame(ds: Dataset, text_columns: tuple[str, ...], label_column: str) -> pd.
 
 
 def row_name(where: str, split: str, df: pd.DataFrame, row: int) -> str:
-    """Where a row is, for a DataError: ``<where>: split '<split>' row idx=<idx>`` (the data's own idx), or
-    ``row <n>`` (0-based, the header not counted) for data without one (``df.attrs["numbered"]``)."""
+    """Where a row is, for a ``DataError``: ``<where>: split '<split>' row idx=<idx>`` (the data's own idx), or
+    ``... row <n>`` (0-based, header not counted) when ``df.attrs["numbered"]``."""
     if df.attrs.get("numbered"):
         return f"{where}: split {split!r} row {row}"
     return f"{where}: split {split!r} row idx={df['idx'].iat[row]}"
 
 
 def clean_texts(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, split: str) -> pd.DataFrame:
-    """``df`` with each of ``text_columns`` as ``str``, in place, once every text is a single non-empty value.
-
-    The one preparation of texts that training (the download stage), ``tools.predict`` and serving share, so that
-    they accept the same inputs: numbers become their text (``5`` -> ``"5"``); null, empty and whitespace-only
-    texts, lists and mappings are refused.
+    """Each of ``text_columns`` of ``df`` converted to ``str`` in place (``5`` -> ``"5"``) once every text is a single
+    non-empty value; returns ``df``. Training, ``tools.predict`` and serving all prepare texts here.
 
     Raises:
-        DataError: naming ``where``, the split, the first bad row (its idx, or its 0-based number when
-            ``df.attrs["numbered"]``) and the column.
+        DataError: a null, empty or whitespace-only text, or a list or mapping; naming ``where``, the split, the first
+            bad row (``row_name``) and the column.
     """
     for column in text_columns:
         _check_plain(df, column, where, split)
@@ -78,11 +74,11 @@ def clean_texts(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, spl
 
 
 def _check_plain(df: pd.DataFrame, column: str, where: str, split: str) -> None:
-    """Every value of ``column`` is a single value (text, number, bool or null), not a list or a mapping.
+    """Check that every value of ``column`` is a single value (text, number, bool or null).
 
     Raises:
         DataError: naming the first row that holds a list or mapping; for a mapping, how to write the file instead
-            (a JSON file of columns, as pandas' ``to_json()`` writes by default, reads as one row of mappings).
+            (a JSON file of columns, pandas' ``to_json()`` default, reads as one row of mappings).
     """
     values = df[column]
     if values.dtype != object:
@@ -96,7 +92,11 @@ def _check_plain(df: pd.DataFrame, column: str, where: str, split: str) -> None:
 
 
 def _check_idx(df: pd.DataFrame, where: str, split: str) -> None:
-    """Every idx an integer, and none twice in the split; the error names the first bad idx and its rows."""
+    """Check that every idx is an integer and none appears twice in the split.
+
+    Raises:
+        DataError: naming the first bad or repeated idx and its rows.
+    """
     numbers = pd.to_numeric(df["idx"], errors="coerce").to_numpy(dtype="float64")
     bad = np.flatnonzero(~np.isfinite(numbers) | (numbers != np.round(numbers)))
     if bad.size:

@@ -1,8 +1,5 @@
-"""The label rules and labels to ids: the class names of the data (GLUE's, the label's ClassLabel,
-``data.label_names``, else train's distinct labels), whether it is a regression, and each split's labels encoded as
-class ids (or float scores), checked row by row: not null, of one type across splits, among the class names or
-finite numbers, at least two classes in train and none elsewhere that train lacks. ``finetune.data.prepare.prepare_raw``
-calls these after the row rules (``finetune.data.checks``).
+"""The label rules and labels to ids: the class names of the data, whether it is a regression, and each split's labels
+encoded as class ids (or float scores), checked row by row; a broken rule is a ``DataError`` naming the row.
 """
 
 from __future__ import annotations
@@ -20,12 +17,12 @@ UNLABELED = -1  # the Hub's GLUE test splits carry label -1
 
 
 def _missing(labels: pd.Series) -> np.ndarray:
-    """Null, NaN or empty-string labels, as a boolean array."""
+    """Boolean array ``[examples]``: True where the label is null, NaN or an empty string."""
     return (labels.isna() | (labels.astype(str).str.strip() == "")).to_numpy()
 
 
 def _label_kind(value) -> str:
-    """A label's kind: bool, integer, float, or string (anything else)."""
+    """A label's kind: ``"bool"``, ``"integer"``, ``"float"``, or ``"string"`` (anything else)."""
     if isinstance(value, (bool, np.bool_)):
         return "bool"
     if isinstance(value, (int, np.integer)):
@@ -36,7 +33,8 @@ def _label_kind(value) -> str:
 
 
 def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str]) -> str:
-    """The one kind (string, integer, float, bool) of every label of every split (``integer`` when there are none).
+    """The one kind (``_label_kind``) of every label of every split (``integer`` when there is none); ``frames`` and
+    ``where`` map each split to its checked frame and to what to name in errors.
 
     Raises:
         DataError: two kinds of label, within a split or across splits; naming the first row of the second kind.
@@ -55,8 +53,8 @@ def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str]) -
 
 
 def is_regression(train: Dataset, p: DataParams) -> bool:
-    """Whether own data is a regression: not when its label is a ClassLabel; else ``p.task_type`` when set, else
-    when train's label column is a column of floats (mixed JSON values are not: their kinds are checked later)."""
+    """Whether own data is a regression: False when the label column is a ``ClassLabel``; else ``p.task_type ==
+    "regression"`` when ``p.task_type`` is set; else whether train's label column is a float column."""
     feature = train.features.get(p.label_column)
     if isinstance(feature, ClassLabel):
         return False
@@ -67,12 +65,12 @@ def is_regression(train: Dataset, p: DataParams) -> bool:
 
 def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
                 where: dict[str, str]) -> tuple[tuple[str, ...], bool]:
-    """``(names, ids)``: the class names in id order, and whether numeric labels are ids into them (True) or the
-    names themselves (labels 1, 2, 5 read off the data). Names come from GLUE's task, the label's ClassLabel,
-    ``p.label_names``, else train's sorted distinct labels.
+    """``(names, ids)``: the class names in id order, and whether numeric labels are ids into them (True) or the names
+    themselves (False). Names come from GLUE's task, else the label's ``ClassLabel``, else ``p.label_names``, else
+    train's sorted distinct labels. ``frames`` and ``where`` as in ``_check_label_kinds``.
 
     Raises:
-        DataError: labels of two types (``_check_label_kinds``).
+        DataError: labels of two kinds (``_check_label_kinds``).
     """
     if p.glue_task:
         return GLUE_TASKS[p.glue_task].label_names, True
@@ -89,13 +87,15 @@ def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
 
 def encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ...] | None, ids: bool,
                   seen: np.ndarray | None = None) -> np.ndarray | None:
-    """The split's labels as class ids (or float scores for regression, ``names`` None); None when unlabeled.
+    """The split's labels as int64 class ids, or float32 scores for regression (``names`` None), ``[examples]``; None
+    for a ``test*`` split whose labels are all null or -1 (unlabeled).
 
-    ``ids``: numeric labels are ids into ``names`` (else every label is matched to a name as text). ``seen``: train's
-    class ids, for the splits after it: a class train lacks is an error.
+    Args:
+        ids: numeric labels are ids into ``names``; else each label is matched to a name as text.
+        seen: train's class ids, for the splits after it; a class outside them is an error.
 
     Raises:
-        DataError: a null, unknown or non-numeric label, -1 among labeled rows, or a class train lacks; naming the
+        DataError: a null, unknown or non-finite label, -1 among labeled test rows, or a class train lacks; naming the
             row.
     """
     labels = df["label"]
@@ -141,14 +141,14 @@ def encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ..
 
 
 def _plain(value):
-    """A label as the user wrote it: 2 rather than 2.0 or np.int64(2)."""
+    """A label as the user wrote it: ``2`` rather than ``2.0`` or ``np.int64(2)``."""
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         return int(value)
     return value.item() if isinstance(value, np.generic) else value
 
 
 def check_train_classes(train: np.ndarray, names: tuple[str, ...], where: str) -> None:
-    """Train holds at least two classes (``train``: its class ids).
+    """Check that train's class ids ``train`` ``[examples]`` hold at least two classes.
 
     Raises:
         DataError: train has one class only; naming ``where`` and the class.

@@ -1,7 +1,6 @@
-"""Loading the data as it comes, before any rule is checked: a GLUE config from a Hub-layout folder (the Hub's
-download or the local copy, ``load_raw``), or the user's own files, one per split (``load_files``). Both give a
-DatasetDict in memory, or a DataError of one line; ``finetune.data.prepare.prepare_raw`` then checks it and brings it to
-the pipeline's shape.
+"""Loading the data as it comes, before any rule is checked: a GLUE config from a Hub-layout folder (``load_raw``) or
+the user's own files, one per split (``load_files``), each into an in-memory DatasetDict or a one-line
+``DataError``; and writing a table in the same formats (``check_writable``, ``write_table``).
 """
 
 from __future__ import annotations
@@ -30,18 +29,18 @@ FILE_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".jso
 
 def load_raw(folder: str, config: str, text_columns: tuple[str, ...] = (),
              label_column: str | None = None) -> DatasetDict:
-    """``load_dataset(folder, config)`` with one-line errors instead of tracebacks from inside the libraries.
+    """``load_dataset(folder, config)`` into memory, with one-line errors. Parquet files are checked before the build
+    (``check_parquet_split``); the build uses a temporary cache because datasets' cache key for a folder's config
+    ignores the files' content (https://github.com/huggingface/datasets/issues/2956).
 
-    Done in load_dataset's own two steps (find the data files, then build), with the parquet files checked in
-    between (``check_parquet_split``: each split's files must have ``text_columns``, and ``label_column`` unless
-    the split is a test split), so a corrupt file, a missing column or a split without rows is named before the
-    build. The build goes to a temporary cache and is read into memory:
-    datasets' cache key for a config of a folder's README ignores the files' content, so a shared cache could
-    return the old rows of an edited folder (https://github.com/huggingface/datasets/issues/2956).
+    Args:
+        folder: a dataset folder in the Hub's layout.
+        text_columns: columns every split's parquet files must have.
+        label_column: a column every non-``test*`` split's parquet files must have.
 
     Raises:
-        DataError: the folder has no data files for ``config``, ``config`` is unknown, a data file is unreadable,
-            a split has no rows, or the build fails; the message names the folder, the config (the split and the
+        DataError: the folder has no data files for ``config``, ``config`` is unknown, a data file is unreadable or
+            lacks a column, a split has no rows, or the build fails; naming the folder, the config (the split and the
             file when known) and the underlying reason.
     """
     with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache_dir:
@@ -61,14 +60,13 @@ def load_raw(folder: str, config: str, text_columns: tuple[str, ...] = (),
 
 
 def check_parquet_split(folder: str, config: str, split: str, files: list[str], columns: list[str]) -> None:
-    """Read the footer of each parquet file of ``split``: readable, with ``columns``, and rows in the split.
-
-    Files of other formats are left to the build. A column missing from one split's file must be caught here:
-    the build would fill it with nulls from the other splits' schema.
+    """Check the footer of each parquet file of ``split``: readable, with ``columns``, and rows in the split. Other
+    formats are left to the build; a column missing from one split's file is caught here because the build would fill it
+    with nulls from the other splits' schema.
 
     Raises:
-        DataError: a file is not readable parquet or lacks a column, or the split's files hold no rows;
-            naming the file (relative to ``folder``).
+        DataError: a file is not readable parquet or lacks a column, or the split's files hold no rows; naming the file
+            (relative to ``folder``).
     """
     where = f"{folder} (config {config!r}): split {split!r}"
     parquet = [f for f in files if f.endswith(".parquet")]
@@ -89,15 +87,13 @@ def check_parquet_split(folder: str, config: str, split: str, files: list[str], 
 
 
 def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{split}") -> DatasetDict:
-    """The user's own files, one per split, each read by datasets' packaged builder for its suffix
-    (``FILE_FORMATS``: CSV, TSV, JSON / JSON Lines, Parquet) into memory.
-
-    Args:
-        origin: where the paths came from, for a missing file's message (``{split}`` is filled in).
+    """The user's own files (``files``: split -> file) read into memory by datasets' packaged builder for the suffix
+    (``FILE_FORMATS``), one split per file. ``origin``: where the paths came from, for a missing file's message
+    (``{split}`` is filled in).
 
     Raises:
-        DataError: a file is missing, a folder, empty, has an unknown suffix, a header with a column twice, a first
-            row with more fields than the header, no rows, or can't be parsed; naming the file and the split.
+        DataError: a file is missing, a folder, empty, has an unknown suffix, a header with a column twice, a first row
+            with more fields than the header, no rows, or can't be parsed; naming the file and the split.
     """
     splits = {}
     for split, file in files.items():
@@ -131,7 +127,7 @@ PANDAS_INDEX = "__index_level_0__"  # pandas' read_csv takes a first column with
 
 
 def _check_header(file: Path, delimiter: str, where: str) -> None:
-    """A CSV or TSV header names each column once (pandas would rename the second ``text`` to ``text.1``).
+    """Check that a CSV or TSV header names each column once.
 
     Raises:
         DataError: naming the file, the split and the repeated column.
@@ -154,10 +150,10 @@ WRITE_FORMATS = {
 
 
 def check_writable(file: Path, key: str) -> None:
-    """That ``write_table`` can write ``file``: a known suffix, not a folder, its folder made and writable.
+    """Check that ``write_table`` can write ``file``: a known suffix, not a folder, its folder made and writable.
 
     Raises:
-        DataError: naming ``key`` (e.g. ``--out``), the file and what is wrong.
+        DataError: naming ``key`` (what named the file, e.g. ``--out``), the file and what is wrong.
     """
     if file.is_dir():
         raise DataError(f"{key} {file}: is a folder; name a file in it")
@@ -173,8 +169,8 @@ def check_writable(file: Path, key: str) -> None:
 
 
 def write_table(df: pd.DataFrame, file: Path) -> None:
-    """Write ``df`` to ``file`` in the format of its suffix (``WRITE_FORMATS``), whole or not at all: to a temp file
-    beside it, renamed when complete (removed on any error, Ctrl-C included).
+    """Write ``df`` to ``file`` in the format of its suffix (``WRITE_FORMATS``), whole or not at all (a temp file
+    beside it, renamed when complete, removed on any error).
 
     Raises:
         DataError: an unknown suffix, or the file can't be written; naming the file.
@@ -192,7 +188,7 @@ def write_table(df: pd.DataFrame, file: Path) -> None:
 
 
 def _reason(err: BaseException) -> str:
-    """``Type: message`` on one line; for datasets' generic 'error while generating', the error underneath."""
+    """``Type: message`` on one line; for datasets' ``DatasetGenerationError``, the error underneath."""
     if isinstance(err, DatasetGenerationError) and err.__cause__ is not None:
         err = err.__cause__
     return f"{type(err).__name__}: {' '.join(str(err).split())}"

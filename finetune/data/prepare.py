@@ -1,8 +1,6 @@
-"""Preparing the loaded splits for any task: ``prepare_raw`` checks them against the rules (the row rules of
-``finetune.data.checks``, the label rules of ``finetune.data.labels``) and brings them to the pipeline's shape with their
-Task; a validation split carved from train when the data has none (``carve_validation``); what a prepared split
-holds (``split_summary``). Which splits exist and carry labels: ``finetune.data.prepare``.
-"""
+"""Preparing the loaded splits for any task: the rules checked and the splits brought to the pipeline's shape with
+their Task (``prepare_raw``), a validation split carved from train (``carve_validation``), split summaries, and which
+of the asked-for splits exist and carry labels."""
 
 from __future__ import annotations
 
@@ -24,19 +22,19 @@ SPLITS = ("train", "validation", "test", "validation_mismatched", "test_mismatch
 
 
 def data_columns(p: DataParams) -> tuple[tuple[str, ...], str]:
-    """The text columns and the label column of the data ``p`` names: a GLUE task's own, else params.yaml's
-    ``data.text_columns`` and ``data.label_column``."""
+    """The text columns and the label column: a GLUE task's own, else ``data.text_columns`` and
+    ``data.label_column``."""
     if p.glue_task:
         return GLUE_TASKS[p.glue_task].text_columns, "label"
     return tuple(p.text_columns or ()), p.label_column
 
 
 def check_own_columns(p: DataParams) -> None:
-    """The own-data keys name each column once: no text column twice, the label column not among the text columns
-    (the model would read its answer), no class name twice.
+    """Check that the own-data keys name each column once.
 
     Raises:
-        ParamsError: naming the key and the column or name.
+        ParamsError: a text column listed twice, the label column among the text columns, or a class name listed twice;
+            naming the key.
     """
     texts = list(p.text_columns or ())
     if twice := [c for c in dict.fromkeys(texts) if texts.count(c) > 1]:
@@ -50,31 +48,30 @@ def check_own_columns(p: DataParams) -> None:
 
 
 def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple[DatasetDict, Task]:
-    """Check ``raw`` against the rules and bring it to the pipeline's shape; return it and its Task.
+    """Check ``raw`` (the splits as loaded) against the row and label rules and return it in the pipeline's shape, with
+    its task. ``where``: split -> what to name in errors (the dataset folder, or the user's file).
 
-    The shape: splits among ``SPLITS`` (MNLI's ``validation_matched`` / ``test_matched`` renamed), each with the
-    task's text columns (strings), ``label`` (a ``ClassLabel`` of the class names, or float32 for regression;
-    absent in an unlabeled split) and ``idx`` (the data's own, else the 0-based row number); other columns dropped.
+    The shape: splits among ``SPLITS`` (MNLI's ``validation_matched`` / ``test_matched`` renamed to ``validation`` /
+    ``test``), each with the task's text columns (strings), ``label`` (a ``ClassLabel`` of the class names, or float32
+    for regression; absent in an unlabeled split) and ``idx`` (int64: the data's own, else the 0-based row number);
+    other columns dropped.
 
-    The task: a GLUE task by ``p.config``; own data by ``p.text_columns`` and ``p.label_column``, with class
-    names from the label's ``ClassLabel`` feature, else ``p.label_names`` (their order is the id order; labels may
-    be names or ids), else the sorted distinct labels of train. Float labels, or ``p.task_type: regression``,
-    make it regression.
+    The task: a GLUE task by ``p.config``; own data by ``p.text_columns`` and ``p.label_column``, with class names from
+    the label's ``ClassLabel``, else ``p.label_names`` (their order is the id order; labels may be names or ids), else
+    train's sorted distinct labels. Float labels, or ``p.task_type: regression``, make it a regression.
 
-    The rules, each checked on every split before anything is saved: a train split; the text and label columns
-    (test may lack the label, or hold -1 / nulls throughout: unlabeled); rows in every split; no null, empty or
-    whitespace-only text (an error, not a row dropped quietly: dropping rows would change the split that metrics
-    are compared on); labels not null, of one type across splits, among the class names (classification) or
-    finite numbers (regression); no idx twice in a split; at least two classes in train, and none in another split
-    that train lacks. Vectorised (pandas): the full SST-2 train split takes well under a second.
-
-    Args:
-        where: split -> what to name in errors (the dataset folder, or the user's file).
+    The rules, checked on every split before anything is returned: a train split; the text and label columns (a test
+    split may lack the label, or hold -1 or null throughout: unlabeled); rows in every split; no null, empty or
+    whitespace-only text; labels not null, of one kind across splits, among the class names (classification) or finite
+    numbers (regression); integer idx, none twice in a split; at least two classes in train, and none elsewhere that
+    train lacks.
 
     Raises:
-        ParamsError: a column or class name given twice, the label column among the text columns, or class names for
-            labels that make a regression (``check_own_columns``); naming the key.
-        DataError: naming the folder or file, the split, the row (``idx=``, or its 0-based number) and the rule.
+        ParamsError: a text column or class name listed twice, the label column among the text columns
+            (``check_own_columns``), or ``data.label_names`` / ``data.positive_label`` set for a regression; naming the
+            key.
+        DataError: no train split, a broken rule (naming the folder or file, the split, the row and the rule), or a
+            ``data.positive_label`` / ``data.symmetric`` the data does not allow (``own_task``).
     """
     if p.glue_task:  # MNLI's matched splits are its validation and test
         raw = DatasetDict({GLUE_TASKS[p.glue_task].splits.get(s, s): ds for s, ds in raw.items()})
@@ -124,12 +121,12 @@ def _prepared(df: pd.DataFrame, labels: np.ndarray | None, text_columns: tuple[s
 
 def carve_validation(train: Dataset, fraction: float, seed: int, stratify: bool,
                      where: str = "train") -> tuple[Dataset, Dataset]:
-    """``(train, validation)``: a seeded split of ``fraction`` of train rows, stratified by label for
-    classification (``Dataset.train_test_split``), for data that has no validation split.
+    """``(train, validation)``: ``fraction`` of train's rows split off as validation, for data that has none
+    (``Dataset.train_test_split`` with ``seed``; stratified by label when ``stratify``).
 
     Raises:
-        DataError: a class has fewer than two train rows, or the split would leave a side without every class
-            (too few rows for ``fraction``); naming ``where`` and the params keys to change.
+        DataError: a class has fewer than two train rows (stratified), or the split is impossible for ``fraction``;
+            naming ``where`` and the params keys to change.
     """
     if stratify:
         names = train.features["label"].names
@@ -149,7 +146,9 @@ def carve_validation(train: Dataset, fraction: float, seed: int, stratify: bool,
 
 
 def split_summary(ds: Dataset, task: Task) -> dict:
-    """Rows and labels of a prepared split: per class name (count and fraction), or score mean, std, min and max."""
+    """Rows and labels of a prepared split: ``{"rows", "labeled": False}`` when unlabeled; for classification
+    ``{"rows", "labels": {name: {"count", "fraction"}}}``; for regression ``{"rows", "label_mean", "label_std",
+    "label_min", "label_max"}``."""
     summary = {"rows": len(ds)}
     if "label" not in ds.column_names:
         return {**summary, "labeled": False}
@@ -167,8 +166,7 @@ def is_labeled(ds: Dataset) -> bool:
 
 
 def present_splits(splits: list[str], data: DatasetDict) -> list[str]:
-    """Those of ``splits`` (``evaluate.splits``) that ``data`` has, warning about each it lacks (SST-2 and STS-B
-    have no test split in the local copy: evaluation covers what exists)."""
+    """Those of ``splits`` (``evaluate.splits``) that ``data`` has, in order; a WARNING names each it lacks."""
     for split in splits:
         if split not in data:
             log.warning("No %s split in the data (it has %s): skipped", split, ", ".join(data))

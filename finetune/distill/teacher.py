@@ -1,9 +1,5 @@
-"""The teacher stage's work: a fine-tuned teacher's logits of every train row (and of the transfer set's pairs), for
-knowledge distillation (the loss and the train stage's side: finetune/distill/loss.py; docs/distillation.md).
-
-The teacher is a model fine-tuned on the same task (a folder under models/own, ``distill.teacher``), of any family
-and tokenizer: it reads the texts of data/raw with its own tokenizer, row for row with the student's data/tokenized.
-torch, transformers and datasets are imported inside functions: with distillation off none of them is loaded.
+"""The teacher stage: a fine-tuned teacher's logits of every train row and transfer pair, in data/teacher
+(docs/distillation.md). torch, transformers and datasets are imported inside functions: distillation off loads none.
 """
 
 from __future__ import annotations
@@ -33,19 +29,18 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin")  # the weights files of a save_pretra
 
 
 def write_off(folder: Path) -> None:
-    """``folder/teacher.json`` saying distillation is off, atomically: constant, so the train stage does not rerun."""
+    """Write a constant ``teacher.json`` saying distillation is off, so the train stage does not rerun."""
     with atomic_dir(folder) as tmp:
         write_json(tmp / TEACHER_FILE, {"distillation": False, "teacher": None})
 
 
 def describe_teacher(folder: Path, teacher: str, task: Task) -> dict:
-    """The identity of the teacher checkpoint ``folder`` (``distill.teacher`` is ``teacher``) from its config.json:
-    ``teacher``, ``model_type``, ``weights`` (file -> sha256), ``task_type``, ``id2label``; checked against the task.
+    """The teacher checkpoint's identity from its config.json, checked against ``task``: ``teacher``,
+    ``model_type``, ``weights`` (file -> sha256), ``task_type``, ``id2label``.
 
     Raises:
         CheckpointError: the folder lacks config, weights or tokenizer.
-        TeacherError: naming its config.json: another task type than the task's, or for classification other class
-            names or another id order (a teacher must be fine-tuned on the same task).
+        TeacherError: another task type than the task's, or other class names or id order.
     """
     from finetune.modeling import check_checkpoint
 
@@ -68,17 +63,13 @@ def describe_teacher(folder: Path, teacher: str, task: Task) -> dict:
 
 
 def teacher_logits(params: Params, paths: Paths) -> Teacher:
-    """The teacher's logits of every train row, in the row order of ``paths.tokenized``, and with
-    ``distill.transfer`` of every pair of the transfer set (``finetune.distill.transfer.make_transfer_set``).
-
-    Returns:
-        The ``Teacher``; its identity is teacher.json: ``describe_teacher``, ``rows``, ``data`` (the tokenized train
-        split's fingerprint), ``transfer`` (the set's description, or None), and ``score_rows``'s run.
+    """The teacher's logits of every train row (``paths.tokenized``'s order) and transfer pair. Its identity
+    (teacher.json) is ``describe_teacher``'s, ``rows``, ``data`` (the train split's fingerprint), ``transfer`` (the
+    set's description, or None) and ``score_rows``'s run.
 
     Raises:
         CheckpointError, TeacherError: see ``describe_teacher``.
-        DataError: data/raw and data/tokenized hold different train row counts; the transfer set can't be made
-            (``make_transfer_set``).
+        DataError: data/raw and data/tokenized hold different train row counts; the transfer set can't be made.
     """
     from datasets import Dataset, load_from_disk
 
@@ -102,13 +93,13 @@ def teacher_logits(params: Params, paths: Paths) -> Teacher:
 
 
 def score_rows(params: Params, folder: Path, task: Task, sets: dict[str, Dataset]) -> tuple[dict, dict]:
-    """The logits of the teacher in ``folder`` of every row of each of ``sets`` (name -> rows with the task's text
-    columns and ``idx``), in row order: loaded as the evaluate stage loads a model, its own tokenizer (truncation at
-    ``tokenize.max_length``, at most its ``model_max_length``), batched like evaluation (``evaluate.batch_size``,
-    sorted by length with ``evaluate.sort_by_length``), under the precision ``train.mixed_precision`` resolves to.
+    """The logits of the teacher in ``folder`` (with its own tokenizer) of each of ``sets`` (name -> rows with the
+    text columns and ``idx``), batched like evaluation, in ``train.mixed_precision``; ``tokenize.max_length`` is
+    capped at the teacher's ``model_max_length``.
 
     Returns:
-        ``(logits, run)``: per set float32 ``[rows, num_labels]``; the run's max_length, mixed_precision, device.
+        ``(logits, run)``: per set float32 ``[rows, num_labels]`` in row order; the run's ``max_length``,
+        ``mixed_precision`` and ``device``.
     """
     from datasets import DatasetDict
     from transformers import AutoTokenizer
@@ -143,8 +134,7 @@ def score_rows(params: Params, folder: Path, task: Task, sets: dict[str, Dataset
 
 
 def save_teacher(folder: Path, teacher: Teacher) -> None:
-    """``teacher.json``, ``logits.npy`` and with a transfer set ``transfer.parquet`` and ``transfer_logits.npy``
-    into ``folder``, atomically: a failure leaves the previous folder as it was."""
+    """Write ``teacher`` into ``folder`` atomically (a failure leaves the previous folder as it was)."""
     with atomic_dir(folder) as tmp:
         np.save(tmp / LOGITS_FILE, teacher.logits)
         if teacher.transfer is not None:

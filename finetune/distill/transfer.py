@@ -1,8 +1,6 @@
-"""The transfer set of distillation: unlabelled pairs that the teacher labels and the student has never seen, as
-Turc et al. 2019 (https://arxiv.org/abs/1908.08962) distil on unlabelled text. ``distill.transfer.kind`` picks the
-source: ``neighbours`` pairs train texts with their nearest train texts by TF-IDF cosine similarity (scikit-learn);
-``files`` takes the user's unlabelled files under data/own. No transfer row holds a text of the validation or test
-split (MRPC reuses 284 train sentences there), and ``max_pairs`` keeps a seeded sample.
+"""The transfer set of distillation: unlabelled pairs the teacher labels (Turc et al. 2019,
+https://arxiv.org/abs/1908.08962), made of train texts and their TF-IDF nearest neighbours or read from the user's
+files, never holding a text of the validation or test split.
 """
 
 from __future__ import annotations
@@ -28,10 +26,8 @@ def neighbour_pairs(train: Dataset, text_columns: tuple[str, str], symmetric: bo
     """Pairs of train texts that are neighbours by TF-IDF cosine similarity, none of them a train pair.
 
     Args:
-        train: the train split (data/raw), with the two ``text_columns``.
         symmetric: pool both columns as queries and candidates (MRPC, QQP, STS-B); else each text of the first
             column is paired with texts of the second (a premise with other premises' hypotheses).
-        k: neighbours kept per query text.
         min_similarity, max_similarity: a pair's cosine similarity must lie in ``[min_similarity, max_similarity)``.
         held_out: texts no pair may hold (those of the validation and test splits).
 
@@ -77,13 +73,11 @@ def neighbour_pairs(train: Dataset, text_columns: tuple[str, str], symmetric: bo
 
 def file_pairs(files: list[str], train: Dataset, text_columns: tuple[str, ...],
                held_out: set[str] = frozenset()) -> pd.DataFrame:
-    """The rows of the user's unlabelled ``files`` (any format of ``data.files``), their ``text_columns`` only, with
-    ``source`` (the file): rows with an empty text or a ``held_out`` text, exact repeats and rows the train split
-    holds are dropped.
+    """The rows of the user's unlabelled ``files`` (any format of ``data.files``): their ``text_columns`` and
+    ``source`` (the file), less rows with an empty or ``held_out`` text, repeats and rows the train split holds.
 
     Raises:
-        DataError: a file is missing or unreadable (``finetune.data.loading.load_files``), or lacks a text column; naming
-            the file.
+        DataError: a file is missing or unreadable, or lacks a text column; naming the file.
     """
     from finetune.data.loading import load_files
 
@@ -104,9 +98,8 @@ def file_pairs(files: list[str], train: Dataset, text_columns: tuple[str, ...],
 
 
 def make_transfer_set(p: TransferParams, raw: DatasetDict, task: Task) -> tuple[pd.DataFrame, dict]:
-    """The transfer set ``distill.transfer`` asks for, made from the train split of ``raw`` (data/raw) or the
-    user's files, without any text of its other splits, then sampled down to ``max_pairs`` (seeded by ``seed``,
-    the kept rows in their first order).
+    """The transfer set ``distill.transfer`` asks for, from ``raw``'s train split or the user's files, without any
+    text of the other splits, sampled down to ``max_pairs`` (seeded, kept rows in their first order).
 
     Returns:
         ``(pairs, description)``: a frame with the task's text columns (and ``similarity`` or ``source``), and what

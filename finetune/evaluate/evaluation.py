@@ -1,4 +1,6 @@
-"""Evaluation: the course's evaluation loop over one split, and the task's metric (finetune/evaluate/glue_metric.py)."""
+"""Scoring one split: the course's evaluation loop (logits, loss) and the task's metric, loaded from the local
+module finetune/evaluate/glue_metric.py.
+"""
 
 from __future__ import annotations
 
@@ -19,25 +21,19 @@ METRIC_SCRIPT = Path(__file__).with_name("glue_metric.py")  # loaded by path: fi
 
 
 def load_metric(task: Task) -> evaluate.EvaluationModule:
-    """The task's metric: GLUE's for a GLUE task (e.g. MRPC: accuracy and F1 of label 1), else accuracy and F1
-    (binary) or macro-F1, or Pearson, Spearman and MSE (regression).
-
-    ``evaluate.load("glue", "mrpc")`` fetches its script from the Hub; this loads the project's local module
-    (finetune/evaluate/glue_metric.py) by path instead, so it works offline.
-    """
+    """The task's metric, loaded offline by path from glue_metric.py under ``task.metric_config`` (see that module)."""
     return evaluate.load(str(METRIC_SCRIPT), config_name=task.metric_config)
 
 
 def predictions_of(logits: torch.Tensor, task: Task) -> torch.Tensor:
-    """Predicted class ids ``[examples]`` (argmax of ``logits [examples, num_labels]``), or the predicted score
-    ``[examples]`` for regression (``logits [examples, 1]``)."""
+    """Class ids (argmax) ``[examples]`` of logits ``[examples, num_labels]``; for regression, scores ``[examples]``."""
     return logits[:, 0] if task.is_regression else logits.argmax(dim=-1)
 
 
 def with_predictions(table: pd.DataFrame, logits: torch.Tensor, task: Task) -> pd.DataFrame:
-    """``table`` (one row per example, in the order of ``logits [examples, num_labels]``) with ``prediction`` (the
-    class name, or the score for regression, 5 decimals) and for classification ``probability_<name>`` per class
-    (softmax, 5 decimals)."""
+    """``table`` (one row per example, in the order of ``logits`` ``[examples, num_labels]``) plus ``prediction`` (the
+    class name, or the score rounded to 5 decimals) and, for classification, ``probability_<name>`` per class (softmax,
+    5 decimals)."""
     predicted = predictions_of(logits, task).numpy()
     if task.is_regression:
         return table.assign(prediction=predicted.round(5))
@@ -47,9 +43,8 @@ def with_predictions(table: pd.DataFrame, logits: torch.Tensor, task: Task) -> p
 
 
 def loss_of(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:
-    """Summed loss of a batch: cross-entropy for classification, squared error for regression (what the model's
-    own loss averages: the family's ``*ForSequenceClassification`` or ``MeanPooledForSequenceClassification`` with
-    ``problem_type``)."""
+    """Summed loss of a batch (a scalar): cross-entropy for classification, squared error for regression; ``logits``
+    ``[batch, num_labels]``, ``labels`` class ids or scores ``[batch]``."""
     if task.is_regression:
         return torch.nn.functional.mse_loss(logits[:, 0], labels.float(), reduction="sum")
     return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
@@ -58,15 +53,10 @@ def loss_of(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Ten
 @torch.no_grad()
 def split_logits(model: PreTrainedModel, dataloader: DataLoader, accelerator: Accelerator,
                  desc: str = "evaluate") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The course's evaluation loop: forward each batch without gradients.
-
-    ``accelerator.gather_for_metrics`` collects every process's batch and drops the samples that
-    distributed sampling duplicates, so each example counts once.
-
-    Returns:
-        ``(logits, labels)`` on the CPU in the dataloader's order: logits ``[examples, num_labels]`` (float32) and
-        labels ``[examples]``, or None when the batches carry none.
-    """
+    """The course's evaluation loop: each batch forwarded without gradients, gathered across processes
+    (``accelerator.gather_for_metrics``: each example once). Returns, on the CPU in the dataloader's order, logits
+    ``[examples, num_labels]`` (float32) and labels ``[examples]``, or None when the batches carry none. ``desc``
+    labels the progress bar."""
     model.eval()
     all_logits, all_labels = [], []
     for batch in tqdm(dataloader, desc=desc, unit="batch", leave=False,
@@ -80,17 +70,9 @@ def split_logits(model: PreTrainedModel, dataloader: DataLoader, accelerator: Ac
 
 def evaluate_split(model: PreTrainedModel, dataloader: DataLoader, accelerator: Accelerator, task: Task,
                    metric: evaluate.EvaluationModule | None, desc: str = "evaluate") -> tuple[dict, torch.Tensor]:
-    """Evaluate one split: its logits (``split_logits``), then the loss and ``metric.compute``.
-
-    Args:
-        metric: None for an unlabeled split (loss and metrics are then omitted).
-        desc: the progress bar's label.
-
-    Returns:
-        ``(metrics, logits)``: metrics ``{"loss", <the task's metrics>}`` (loss: mean cross-entropy, or mean
-        squared error for regression, per example) and logits ``[examples, num_labels]`` on the CPU, in the
-        dataloader's order.
-    """
+    """Evaluate one split: ``(metrics, logits)``, its logits (``split_logits``) ``[examples, num_labels]`` on the CPU in
+    the dataloader's order, and metrics ``{"loss", <the task's metrics>}`` (loss: mean cross-entropy, or mean squared
+    error for regression, per example), or ``{}`` without ``metric`` (an unlabeled split)."""
     logits, labels = split_logits(model, dataloader, accelerator, desc)
     if metric is None:
         return {}, logits
@@ -99,7 +81,7 @@ def evaluate_split(model: PreTrainedModel, dataloader: DataLoader, accelerator: 
 
 
 def score(metric: evaluate.EvaluationModule, task: Task, predictions, references) -> dict[str, float]:
-    """The task's metrics of ``predictions`` against ``references`` (both ``[examples]``: class ids, or scores for
-    regression); binary own data scores the F1 of ``task.positive_label``."""
+    """The task's metrics (name -> value) of ``predictions`` against ``references`` (class ids or scores
+    ``[examples]``); binary own data scores the F1 of ``task.positive_label``."""
     options = {"pos_label": task.positive_label} if task.metric_config == "binary" else {}
     return metric.compute(predictions=predictions, references=references, **options)

@@ -1,15 +1,8 @@
-"""GLUE's metrics, and those of the user's own data, for the `evaluate` library; loadable offline by path:
-``evaluate.load("finetune/evaluate/glue_metric.py", config_name="mrpc")``.
-
-Config names and what they return (the GLUE paper, Wang et al. 2018, https://arxiv.org/abs/1804.07461, Table 1;
-the same as the Hub's ``glue`` metric):
-
-- mrpc, qqp: accuracy and F1 of the positive class (label 1)
-- stsb: Pearson and Spearman correlation of predicted and gold scores
-- cola: Matthews correlation
-- sst2, mnli, qnli, rte, wnli: accuracy
-- binary (own data): accuracy and F1 of ``pos_label``; multiclass: accuracy and macro-averaged F1;
-  regression: Pearson, Spearman and mean squared error
+"""GLUE's metrics and those of own data, as an ``evaluate`` metric module loadable offline by path:
+``evaluate.load("finetune/evaluate/glue_metric.py", config_name="mrpc")``. Per config (GLUE: Wang et al. 2018,
+https://arxiv.org/abs/1804.07461, Table 1, as the Hub's ``glue`` metric): mrpc, qqp: accuracy and F1 of label 1;
+stsb: Pearson and Spearman correlation; cola: Matthews correlation; sst2, mnli, qnli, rte, wnli: accuracy; binary:
+accuracy and F1 of ``pos_label``; multiclass: accuracy and macro-F1; regression: Pearson, Spearman and MSE.
 """
 
 import datasets
@@ -31,6 +24,12 @@ Returns:
 
 
 class GlueMetric(evaluate.Metric):
+    """The metric of one config of ``CONFIGS``.
+
+    Raises:
+        KeyError: the config is not one of ``CONFIGS``.
+    """
+
     def _info(self):
         if self.config_name not in CONFIGS:
             raise KeyError(f"unknown config {self.config_name!r}; use one of {CONFIGS}")
@@ -63,8 +62,9 @@ class GlueMetric(evaluate.Metric):
 
 
 def _correlation(function, references, predictions) -> float:
-    """A correlation coefficient; 0.0 where it is undefined (constant predictions or references), as scikit-learn's
-    Matthews correlation does."""
+    """``function``'s (``pearsonr`` or ``spearmanr``) coefficient of ``references`` and ``predictions``; 0.0
+    where it is undefined (constant predictions or references), as scikit-learn's Matthews correlation.
+    """
     if len(set(predictions)) < 2 or len(set(references)) < 2:
         return 0.0
     return float(function(references, predictions)[0])

@@ -1,5 +1,6 @@
-"""The evaluate stage's work (stages/evaluate.py): the fine-tuned model's metrics on each split it is asked for, and
-its predictions for every row, as a CSV (``prediction_table``) and DVCLive plots."""
+"""The evaluate stage's work: the fine-tuned model's metrics and collapse check on each asked-for split, its
+predictions for every row as a CSV, and DVCLive plots of each labeled split.
+"""
 
 from __future__ import annotations
 
@@ -32,10 +33,9 @@ CHUNK_ROWS = 10_000  # rows of the predictions table built and written at a time
 
 def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task, columns: tuple[str, ...] | None = None,
                      ) -> pd.DataFrame:
-    """One row per example of ``raw`` (a prepared split) in its order: ``idx``, the text columns, ``label`` (the
-    gold class name or score; absent when unlabeled), then ``prediction`` and the probabilities
-    (``finetune.evaluate.evaluation.with_predictions`` of ``logits [examples, num_labels]``). ``columns``: only these of
-    raw's (default ``idx`` and the text columns)."""
+    """One row per example of a prepared split ``raw``, in its order: ``columns`` (default ``idx`` and the text
+    columns), ``label`` (the gold class name or score; absent when unlabeled), ``prediction`` and the probabilities
+    (``finetune.evaluate.evaluation.with_predictions``) of ``logits`` ``[examples, num_labels]``."""
     table = raw.select_columns(list(columns if columns is not None else ["idx", *task.text_columns])).to_pandas()
     if "label" in raw.column_names:
         labels = np.asarray(raw["label"])
@@ -44,8 +44,9 @@ def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task, columns: tu
 
 
 def write_predictions(raw: Dataset, logits: torch.Tensor, task: Task, file) -> None:
-    """``prediction_table`` of the split into the CSV ``file``, ``CHUNK_ROWS`` rows at a time (the same file as one
-    table gives)."""
+    """Write ``prediction_table`` of the split to the CSV ``file``, ``CHUNK_ROWS`` rows at a time (the same
+    file as one table gives).
+    """
     with open(file, "w", newline="") as f:
         for start in range(0, len(raw), CHUNK_ROWS):
             rows = range(start, min(start + CHUNK_ROWS, len(raw)))
@@ -54,18 +55,15 @@ def write_predictions(raw: Dataset, logits: torch.Tensor, task: Task, file) -> N
 
 
 def evaluate_model(params: Params, paths: Paths) -> dict:
-    """Evaluate ``paths.trained`` on those of ``evaluate.splits`` the data has; write one predictions CSV per split
-    into ``paths.predictions`` and each labeled split's plots into ``paths.eval_logs``.
-
-    The model runs in the precision training ran in (``train.mixed_precision``, resolved as the train stage
-    resolves it) with its CPU threads (``train.num_threads``) and batches: so the validation scores here are those
-    of the kept evaluation in metrics/train.json, one model with one validation score. fp32 scores of every served
-    form are the export stage's (metrics/export.json).
+    """Evaluate ``paths.trained`` on those of ``evaluate.splits`` the data has, in the precision, CPU threads and
+    batches that training used (``train.mixed_precision``, ``train.num_threads``), so its validation scores match the
+    kept evaluation in metrics/train.json. Writes ``paths.predictions/<split>.csv`` per split (``write_predictions``)
+    and each labeled split's plots into ``paths.eval_logs``; only the main process writes.
 
     Returns:
-        ``{split: {"loss", <the task's metrics>, "examples", <the collapse check>}}`` for each labeled split (the
-        check: ``finetune.evaluate.collapse.collapse_check`` against the constant model of train's labels, with a WARNING
-        when collapsed); an unlabeled split only gets its predictions file and ``{"examples": n}``.
+        ``{split: {"loss", <the task's metrics>, "examples", "baseline", "most_predicted", "collapsed"}}`` for a
+        labeled split (the last three: ``finetune.evaluate.collapse.collapse_check``, with a WARNING when collapsed);
+        ``{split: {"examples": n}}`` for an unlabeled one.
     """
     p = params.evaluate
     set_cpu_threads(params.train.num_threads)

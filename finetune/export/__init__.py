@@ -1,2 +1,2 @@
-"""The export phase: the served forms' registry (forms), making and checking them (make, openvino), and loading
-them for prediction and serving."""
+"""The export phase: the served forms' registry (registry), making and checking them (make, openvino), and loading
+them for prediction and serving (forms)."""

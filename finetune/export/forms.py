@@ -1,7 +1,5 @@
-"""Running a served form of the fine-tuned model (made by finetune/export/make.py into models/exported/<form>/) behind the
-interface that evaluation and prediction already use: ``model(**batch).logits``, ``model.config``, ``model.eval()``.
-
-Each form folder loads on its own, with the tokenizer beside it:
+"""Loading a served form (models/exported/<form>/) behind the interface evaluation and prediction use:
+``model(**batch).logits``, ``model.config``, ``model.eval()``. Each form folder also loads on its own:
 
     tokenizer = AutoTokenizer.from_pretrained("models/exported/onnx-int8")
     session = onnxruntime.InferenceSession("models/exported/onnx-int8/model.onnx")
@@ -27,8 +25,9 @@ from transformers import AutoConfig, PreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from finetune.errors import ExportError
-from finetune.export.make import FORMS, ONNX_FILE
-from finetune.export.openvino import OPENVINO_FORMS, OV_CONFIG, OV_FILE, SERVE_EXTRA
+from finetune.export.make import ONNX_FILE
+from finetune.export.openvino import OV_CONFIG, OV_FILE, SERVE_EXTRA
+from finetune.export.registry import FORMS, PYTORCH, resolve
 from finetune.modeling import load_finetuned
 
 if TYPE_CHECKING:
@@ -36,14 +35,12 @@ if TYPE_CHECKING:
 
     from finetune.data.batches import PairCollator
 
-PYTORCH = "pytorch"  # the fine-tuned model as trained: models/finetuned, fp32
 SPEED_ROWS, LATENCY_ROWS = 512, 64  # form_speed: rows timed at batch 32, and of those, one by one at batch 1
 
 
 class OnnxClassifier(torch.nn.Module):
-    """An ONNX Runtime session of ``model.onnx`` in ``folder`` as a classifier: ``forward(**batch)`` takes the
-    tokenizer's tensors ``[batch, seq_len]`` and returns ``SequenceClassifierOutput(logits [batch, num_labels])``
-    (float32 on the CPU); ``config`` is the folder's config.json (labels).
+    """``folder``'s ``model.onnx`` in ONNX Runtime on the CPU: ``forward(**batch)`` takes the tokenizer's tensors
+    ``[batch, seq_len]`` and returns ``SequenceClassifierOutput(logits [batch, num_labels])`` (float32).
 
     Raises:
         ExportError: ONNX Runtime is not installed, or the folder has no model.onnx.
@@ -72,9 +69,8 @@ class OnnxClassifier(torch.nn.Module):
 
 
 class OpenVinoClassifier(torch.nn.Module):
-    """An OpenVINO IR form in ``folder`` (finetune/export/openvino.py) compiled for the CPU with the precision hint
-    of its ``openvino.json``, as a classifier: ``forward(**batch)`` takes the tokenizer's tensors ``[batch, seq_len]``
-    and returns ``SequenceClassifierOutput(logits [batch, num_labels])`` (float32); ``config`` is its config.json.
+    """``folder``'s OpenVINO IR compiled for the CPU with its ``openvino.json`` hint; ``forward`` as
+    ``OnnxClassifier``'s.
 
     Raises:
         ExportError: OpenVINO is not installed, or the folder has no openvino_model.xml.
@@ -100,12 +96,20 @@ class OpenVinoClassifier(torch.nn.Module):
         return SequenceClassifierOutput(logits=torch.from_numpy(np.array(self.compiled(feed)[0], dtype=np.float32)))
 
 
-def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
-    """The folder that holds ``form`` (its weights, tokenizer and task.json), checked without loading it:
-    ``model_dir`` for ``pytorch``, else ``exported_dir / form``.
+def load_bf16(folder: Path) -> PreTrainedModel:
+    """The ``torch-bf16`` form in ``folder``.
 
     Raises:
-        ExportError: an unknown form, or an exported form whose folder is missing (the message says how to make it).
+        CheckpointError: the folder lacks config, weights or tokenizer.
+    """
+    return load_finetuned(folder).to(torch.bfloat16)
+
+
+def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
+    """``model_dir`` for ``pytorch``, else ``exported_dir / form``, checked to exist without loading it.
+
+    Raises:
+        ExportError: a form the registry lacks, or a missing folder (the message says how to make it).
     """
     if form == PYTORCH:
         return model_dir
@@ -118,33 +122,27 @@ def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
     return folder
 
 
-def load_form(form: str, model_dir: Path,
-              exported_dir: Path) -> PreTrainedModel | OnnxClassifier | OpenVinoClassifier:
-    """The classifier of ``form``: ``pytorch`` (``model_dir``, fp32), or one of ``finetune.export.make.FORMS`` from
-    ``exported_dir / form``.
+def load_form(form: str, model_dir: Path, exported_dir: Path) -> torch.nn.Module:
+    """The classifier of ``form`` (``pytorch``: ``model_dir``, fp32), by its registry entry's loader.
 
     Raises:
-        ExportError: an unknown form, or one whose folder is missing (the message says how to make it).
-        CheckpointError: the PyTorch folder lacks config, weights or tokenizer.
+        ExportError: an unknown form, one whose folder is missing (the message says how to make it), or one whose
+            runtime is not installed.
+        CheckpointError: a PyTorch folder lacks config, weights or tokenizer.
     """
     if form == PYTORCH:
         return load_finetuned(model_dir)
-    folder = form_folder(form, model_dir, exported_dir)
-    if form == "torch-bf16":
-        return load_finetuned(folder).to(torch.bfloat16)
-    return OpenVinoClassifier(folder) if form in OPENVINO_FORMS else OnnxClassifier(folder)
+    folder = form_folder(form, model_dir, exported_dir)  # checks the name before the registry is read
+    return resolve(FORMS[form].load)(folder)
 
 
 def form_speed(classifier, rows: Dataset, collator: PairCollator) -> dict:
-    """How fast a form (``load_form``) runs on the CPU threads torch has, on a tokenized split's first
-    ``SPEED_ROWS`` rows, tokenizing excluded (the same tokenizer serves every form):
+    """How fast ``classifier`` runs on torch's CPU threads over a tokenized split's first ``SPEED_ROWS`` rows,
+    tokenizing excluded (``benchmarks/serve.py`` times from text), after one untimed pass.
 
-    - ``batch_1_p50_ms``: the median milliseconds of one row, over the first ``LATENCY_ROWS`` rows one at a time;
-    - ``batch_32_rows_per_s``: rows per second in batches of 32, sorted by length as ``tools.predict`` batches them.
-
-    Both after one untimed pass over the same batches: OpenVINO compiles each new input shape on its first call.
-
-    Tokenizing and Python's per-call overhead come on top for a server; ``benchmarks/serve.py`` times both from text.
+    Returns:
+        ``batch_1_p50_ms``: median ms per row over ``LATENCY_ROWS`` rows one at a time; ``batch_32_rows_per_s``:
+        rows per second in batches of 32, sorted by length as ``tools.predict`` batches them.
     """
     from finetune.data.batches import eval_dataloader, length_order
 
@@ -169,7 +167,7 @@ def form_speed(classifier, rows: Dataset, collator: PairCollator) -> dict:
 
 
 def fastest(speeds: dict[str, dict], where: str) -> dict:
-    """The fastest of ``speeds`` (form -> ``form_speed``, the forms at parity and PyTorch) at batch 1 (lowest
-    median) and at batch 32 (most rows/s), on the machine ``where`` describes."""
+    """``{"machine": where, "batch_1": form, "batch_32": form}``: the fastest of ``speeds`` (form ->
+    ``form_speed``) at each."""
     return {"machine": where, "batch_1": min(speeds, key=lambda f: speeds[f]["batch_1_p50_ms"]),
             "batch_32": max(speeds, key=lambda f: speeds[f]["batch_32_rows_per_s"])}

@@ -1,20 +1,11 @@
-"""Making the served forms of a fine-tuned model (the export stage; docs/serving.md): ONNX fp32, ONNX int8, bf16
-PyTorch, and the OpenVINO forms of finetune/export/openvino.py. Running them is finetune/export/forms.py.
+"""The export stage's makers of the ONNX and PyTorch forms, and ``make_forms``, which makes the forms
+``export.forms`` lists by their finetune/export/registry.py entries (docs/serving.md, "Why these tools").
 
-- ``onnx-fp32``: ``torch.onnx.export`` with the dynamo exporter (``torch.export`` then onnxscript), batch and
-  sequence length dynamic, weights inside the one ``model.onnx``. Optimum's exporter would be the ecosystem's first
-  choice, but optimum-onnx 0.1 requires transformers < 4.58 and optimum-intel 2.2 transformers < 5.6, so neither
-  installs beside the locked 5.24 (checked on PyPI 2026-11-26). The TorchScript exporter (``dynamo=False``) traces
-  the attention mask's branches for the example's shapes: its logits on other lengths were off by up to 0.23.
-- ``onnx-int8``: ONNX Runtime's dynamic quantization (``onnxruntime.quantization.quantize_dynamic``): int8 weights,
-  per output channel by default, activations quantized per batch at run time; only matmuls with a constant weight
-  (``MatMulConstBOnly``: attention's activation x activation products stay fp32), and the modules named in
-  ``export.int8.keep_fp32`` stay fp32 (on MRPC the attention's query, key and value projections: without that, 4
-  more validation rows of 408 flipped; docs/serving.md).
+- ``onnx-fp32``: ``torch.onnx.export``, dynamo exporter; batch and sequence length dynamic; one ``model.onnx``.
+- ``onnx-int8``: ``onnxruntime.quantization.quantize_dynamic`` of the fp32 file: int8 weights, activations quantized
+  per batch at run time; only matmuls with a constant weight (``MatMulConstBOnly``), less ``export.int8.keep_fp32``.
   https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html
-- ``torch-bf16``: the PyTorch model with bf16 weights (``save_pretrained`` after ``.to(torch.bfloat16)``), made
-  only where the hardware computes bf16 natively (a GPU with bf16, a CPU with AVX512-BF16 or AMX); elsewhere bf16 is
-  emulated and slower than fp32, so the form is skipped, saying so.
+- ``torch-bf16``: ``save_pretrained`` of the bf16 model; skipped where bf16 would be emulated (``bf16_unsupported``).
 """
 
 from __future__ import annotations
@@ -23,6 +14,7 @@ import ast
 import logging
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,19 +24,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 if TYPE_CHECKING:
     from datasets import Dataset
 
+    from finetune.params import ExportParams
+
 from finetune.errors import ExportError
-from finetune.export.openvino import (
-    OPENVINO_FORMS,
-    calibration_rows,
-    openvino_missing,
-    quantize_openvino,
-    save_openvino,
-)
+from finetune.export.registry import FORMS, resolve, unmet
 from finetune.hardware import cpu_bf16_flags
 
 log = logging.getLogger(__name__)
 
-FORMS = ("onnx-fp32", "onnx-int8", "torch-bf16", *OPENVINO_FORMS)
 ONNX_FILE = "model.onnx"
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # those the tokenizer gives, in this order
 # Files of the model folder that every form carries beside its weights: tokenizer, config (labels) and task.json.
@@ -66,14 +53,12 @@ class LogitsOnly(torch.nn.Module):
 
 
 def model_inputs(tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """The inputs the ONNX graph takes: those of ``MODEL_INPUTS`` that ``tokenizer`` produces (RoBERTa, DistilBERT
-    and MPNet give no ``token_type_ids``)."""
+    """Those of ``MODEL_INPUTS`` that ``tokenizer`` produces (RoBERTa, DistilBERT, MPNet: no ``token_type_ids``)."""
     return [name for name in MODEL_INPUTS if name in tokenizer.model_input_names]
 
 
 def copy_side_files(model_dir: Path, form_dir: Path) -> None:
-    """Copy the tokenizer, config.json, task.json and the model card of ``model_dir`` into ``form_dir``, so each form
-    loads on its own."""
+    """Copy ``model_dir``'s ``SIDE_FILES`` into ``form_dir``, so each form loads on its own."""
     form_dir.mkdir(parents=True, exist_ok=True)
     for name in SIDE_FILES:
         if (model_dir / name).exists():
@@ -84,13 +69,11 @@ def export_onnx(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
     """Write ``model`` (fp32, eval mode) to ``path`` as one ONNX file: inputs ``model_inputs(tokenizer)``, each
     ``[batch, seq_len]`` int64 with both axes dynamic; output ``logits [batch, num_labels]`` float32.
 
-    The example input is two pairs of different lengths, padded, so that neither axis is specialised to 1 and the
-    attention mask's padding path is the one exported.
-
     Raises:
         ExportError: the exporter can't handle the model; the message names its model type.
     """
     names = model_inputs(tokenizer)
+    # two pairs of different lengths, padded: no axis specialised to 1, and the padding path is the one exported
     example = tokenizer(["A short first sentence.", "A second, rather longer sentence with more words in it."],
                         ["And its pair.", "Short."], padding=True, return_tensors="pt")
     kwargs = {name: example[name] for name in names}
@@ -110,9 +93,8 @@ def export_onnx(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
 
 
 def drop_stack_traces(path: Path) -> None:
-    """Remove the exporter's per-node Python stack traces (``pkg.torch.onnx.stack_trace``) from the ONNX file: they
-    hold this checkout's absolute paths, so the same model exported in two clones differed in bytes and size. The
-    module names (``pkg.torch.onnx.name_scopes``, read by ``module_of``) stay."""
+    """Remove the per-node ``pkg.torch.onnx.stack_trace`` metadata (this checkout's absolute paths, so exports from
+    two clones would differ); ``pkg.torch.onnx.name_scopes`` stays for ``module_of``."""
     import onnx
 
     graph = onnx.load(str(path))
@@ -125,11 +107,7 @@ def drop_stack_traces(path: Path) -> None:
 
 def module_of(node) -> str:
     """The PyTorch module an ONNX node came from, e.g. ``bert.encoder.layer.0.attention.self.query``; '' when unknown.
-
-    The dynamo exporter's ``pkg.torch.onnx.name_scopes`` metadata lists the module paths from the root down, then
-    the op (``['', 'model', 'model.bert', ..., 'model.bert.encoder.layer.0.attention.self.query', 'linear']``); the
-    deepest module less ``LogitsOnly``'s ``model.`` is the name.
-    """
+    Read from ``pkg.torch.onnx.name_scopes``: the deepest ``model.*`` scope less ``LogitsOnly``'s ``model.``."""
     for prop in node.metadata_props:
         if prop.key == "pkg.torch.onnx.name_scopes":
             modules = [scope for scope in ast.literal_eval(prop.value) if scope.startswith("model.")]
@@ -138,15 +116,12 @@ def module_of(node) -> str:
 
 
 def quantize_int8(fp32_path: Path, int8_path: Path, per_channel: bool, keep_fp32: list[str]) -> list[str]:
-    """Write ``fp32_path``'s model with int8 weights to ``int8_path`` (ONNX Runtime dynamic quantization).
+    """Write ``fp32_path``'s model with int8 weights to ``int8_path``; return the modules kept fp32.
 
     Args:
         per_channel: one scale per output channel of each weight (else one per tensor).
-        keep_fp32: module names kept fp32: a matmul stays fp32 when its module's name is one of these or ends with
-            ``.<name>`` (e.g. ``query`` matches ``bert.encoder.layer.0.attention.self.query``).
-
-    Returns:
-        The modules kept fp32 (a WARNING when ``keep_fp32`` is not empty and matches none).
+        keep_fp32: a matmul stays fp32 when its module's name is one of these or ends with ``.<name>``
+            (``query`` matches ``bert.encoder.layer.0.attention.self.query``); a WARNING when none matches.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -171,8 +146,7 @@ def quantize_int8(fp32_path: Path, int8_path: Path, per_channel: bool, keep_fp32
 
 
 def bf16_unsupported() -> str | None:
-    """Why bf16 would be emulated here (None where the hardware has it): no GPU with bf16, and a CPU without
-    AVX512-BF16 or AMX-BF16 (``/proc/cpuinfo``)."""
+    """Why bf16 would be emulated here (no GPU with bf16, no AVX512-BF16 or AMX-BF16); None where it is native."""
     if torch.cuda.is_available():
         return None if torch.cuda.is_bf16_supported() else f"{torch.cuda.get_device_name()} has no bf16"
     return None if cpu_bf16_flags() else "this CPU has no AVX512-BF16 or AMX-BF16: bf16 would be emulated, slower " \
@@ -180,61 +154,95 @@ def bf16_unsupported() -> str | None:
 
 
 def save_bf16(model: PreTrainedModel, folder: Path) -> Path:
-    """Save a bf16 copy of ``model`` into ``folder`` (``save_pretrained``; half the size of fp32)."""
+    """Save a bf16 copy of ``model`` into ``folder``; ``model`` keeps its fp32 weights for the forms made after."""
+    fp32 = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     model.to(torch.bfloat16).save_pretrained(folder)
-    model.float()
+    model.float().load_state_dict(fp32)  # .float() alone would keep the bf16 rounding
     return folder
 
 
 def file_size_mb(folder: Path) -> float:
-    """The weights' size in MB (10^6 bytes): ``model.onnx``, the OpenVINO ``.bin`` or the safetensors files of
-    ``folder``."""
+    """The size in MB (10^6 bytes) of ``folder``'s ``model.onnx``, else its ``.bin`` and ``.safetensors`` files."""
     files = [folder / ONNX_FILE] if (folder / ONNX_FILE).exists() else \
         list(folder.glob("*.bin")) + list(folder.glob("*.safetensors"))
     return round(sum(f.stat().st_size for f in files) / 1e6, 2)
 
 
-def make_forms(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_dir: Path, out_dir: Path, p,
-               train: Dataset | None = None) -> dict[str, dict]:
-    """Make each form of ``p.forms`` (the ``export`` params) of ``model`` (saved in ``model_dir``) in
-    ``out_dir / <form>``, with ``model_dir``'s side files. ONNX int8 and the OpenVINO forms start from the fp32 ONNX
-    file, kept only when ``onnx-fp32`` is asked for; OpenVINO int8 is calibrated on rows of ``train`` (the tokenized
-    train split).
+@dataclass(frozen=True)
+class MakeJob:
+    """What a form's maker (the registry's ``Form.make``) gets.
+
+    Attributes:
+        model: fp32 in eval mode; a maker that changes it puts it back as it was.
+        folder: ``<exported>/<form>``, holding the side files; the maker writes the weights there.
+        base: the folder of the entry's ``base`` form, made before this one.
+        train: the tokenized train split (calibration rows).
+    """
+
+    form: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    folder: Path
+    base: Path | None
+    params: ExportParams
+    train: Dataset | None = None
+
+
+def make_onnx_fp32(job: MakeJob) -> dict:
+    """The ``onnx-fp32`` form: ``export_onnx`` of the model into ``job.folder``."""
+    log.info("%s: exporting with torch.onnx.export (dynamo)", job.form)
+    export_onnx(job.model, job.tokenizer, job.folder / ONNX_FILE, job.params.opset)
+    return {}
+
+
+def make_onnx_int8(job: MakeJob) -> dict:
+    """The ``onnx-int8`` form: ``quantize_int8`` of the base's file; returns ``{"kept_fp32_matmuls": n}``."""
+    log.info("%s: quantizing with onnxruntime.quantization.quantize_dynamic", job.form)
+    p = job.params.int8
+    kept = quantize_int8(job.base / ONNX_FILE, job.folder / ONNX_FILE, p.per_channel, p.keep_fp32)
+    log.info("%s: %d matmuls kept fp32 (export.int8.keep_fp32): %s", job.form, len(kept), kept)
+    return {"kept_fp32_matmuls": len(kept)}
+
+
+def make_torch_bf16(job: MakeJob) -> dict:
+    """The ``torch-bf16`` form: ``save_bf16`` of the model into ``job.folder``."""
+    save_bf16(job.model, job.folder)
+    return {}
+
+
+def make_forms(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_dir: Path, out_dir: Path,
+               p: ExportParams, train: Dataset | None = None) -> dict[str, dict]:
+    """Make each form of ``p.forms`` of ``model`` (saved in ``model_dir``) in ``out_dir / <form>`` by its registry
+    entry's maker. A form whose needs this machine does not meet is skipped (INFO for hardware, WARNING for a
+    package). Base forms are made first and kept only when ``p.forms`` lists them; ``train`` calibrates OpenVINO int8.
 
     Returns:
-        Per form ``{"skipped": why}`` (bf16 without the hardware, OpenVINO not installed), ``{"kept_fp32_matmuls":
-        n}`` (ONNX int8), the calibration (OpenVINO int8) or ``{}``.
+        Per form of ``p.forms``, in its order: ``{"skipped": why}``, or what its maker returned.
 
     Raises:
         ExportError: the exporter or the quantizer can't handle the model (``export_onnx``, ``quantize_openvino``).
     """
-    made, missing = {}, openvino_missing() if any(f in OPENVINO_FORMS for f in p.forms) else None
-    fp32_onnx = out_dir / "onnx-fp32" / ONNX_FILE
-    if any(form.startswith("onnx") or (form in OPENVINO_FORMS and not missing) for form in p.forms):
-        log.info("onnx-fp32: exporting with torch.onnx.export (dynamo)")
-        copy_side_files(model_dir, fp32_onnx.parent)
-        export_onnx(model, tokenizer, fp32_onnx, p.opset)
-    for form in p.forms:
-        why = (bf16_unsupported() if form.endswith("bf16") else None) or (missing if form in OPENVINO_FORMS else None)
-        if why:
-            (log.warning if why == missing else log.info)("%s: skipped: %s", form, why)
-            made[form] = {"skipped": why}
-            continue
-        copy_side_files(model_dir, out_dir / form)
-        made[form] = {}
-        if form == "onnx-int8":
-            log.info("%s: quantizing with onnxruntime.quantization.quantize_dynamic", form)
-            kept = quantize_int8(fp32_onnx, out_dir / form / ONNX_FILE, p.int8.per_channel, p.int8.keep_fp32)
-            log.info("%s: %d matmuls kept fp32 (export.int8.keep_fp32): %s", form, len(kept), kept)
-            made[form]["kept_fp32_matmuls"] = len(kept)
-        elif form == "torch-bf16":
-            save_bf16(model, out_dir / form)
-        elif form == "openvino-int8":
-            samples = calibration_rows(train, p.openvino.calibration_rows, p.openvino.seed, model_inputs(tokenizer))
-            log.info("%s: quantizing with nncf.quantize, calibrated on %d train rows", form, len(samples))
-            made[form] = quantize_openvino(fp32_onnx, out_dir / form, samples, p.openvino.seed)
-        elif form in OPENVINO_FORMS:
-            save_openvino(fp32_onnx, out_dir / form, "bf16" if form == "openvino-bf16" else "f32")
-    if "onnx-fp32" not in p.forms:
-        shutil.rmtree(fp32_onnx.parent, ignore_errors=True)
-    return made
+    made, asked = {}, []
+    for name in p.forms:
+        if problem := unmet(name):
+            need, why = problem
+            (log.warning if need.kind == "package" else log.info)("%s: skipped: %s", name, why)
+            made[name] = {"skipped": why}
+        else:
+            asked.append(name)
+    bases = []
+    for name in asked:
+        chain, base = [], FORMS[name].base
+        while base is not None:
+            chain.insert(0, base)
+            base = FORMS[base].base
+        bases += chain
+    for name in dict.fromkeys([*bases, *asked]):  # each base before the forms made from it
+        form = FORMS[name]
+        copy_side_files(model_dir, out_dir / name)
+        job = MakeJob(name, model, tokenizer, out_dir / name, None if form.base is None else out_dir / form.base, p,
+                      train)
+        made[name] = resolve(form.make)(job)
+    for name in set(bases) - set(p.forms):
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+    return {name: made[name] for name in p.forms}

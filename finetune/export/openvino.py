@@ -1,18 +1,13 @@
-"""Making the OpenVINO served forms (the export stage; docs/serving.md), from the fp32 ONNX file of finetune/export/make.py.
-Running them is finetune/export/forms.py (``OpenVinoClassifier``).
+"""The export stage's makers of the OpenVINO forms, from the ``onnx-fp32`` form's file (docs/serving.md). Each
+folder holds ``openvino_model.xml``/``.bin``, ``openvino.json`` (the precision hint, and int8's calibration) and the
+side files. They need ``openvino`` and ``nncf`` (the ``serve`` extra).
 
-- ``openvino-fp32``: ``openvino.convert_model`` of the ONNX file, saved as OpenVINO IR (``ov.save_model``: an .xml
-  graph and a .bin of fp32 weights), run with ``INFERENCE_PRECISION_HINT`` f32 (OpenVINO's CPU plugin would pick
-  bf16 by itself on a CPU with AVX512-BF16 or AMX).
-- ``openvino-bf16``: the same IR run with the hint bf16, made only where the CPU computes bf16 (as ``torch-bf16``).
-- ``openvino-int8``: NNCF post-training quantization (``nncf.quantize`` with ``ModelType.TRANSFORMER``: int8 matmuls,
-  SmoothQuant and bias correction), calibrated on ``export.openvino.calibration_rows`` train rows drawn with
-  ``export.openvino.seed``; never validation or test rows. https://docs.openvino.ai/2026/openvino-workflow/
-  model-optimization-guide/quantizing-models-post-training/basic-quantization-flow.html
-
-Optimum-intel would wrap the same calls, but pins transformers below 5.6; OpenVINO and NNCF have no such pin.
-Each form folder holds ``openvino_model.xml``/``.bin``, ``openvino.json`` (the precision hint it runs with, and for
-int8 how it was calibrated) and the side files (tokenizer, config, task.json, card).
+- ``openvino-fp32``: ``openvino.convert_model`` saved as IR, run with ``INFERENCE_PRECISION_HINT`` f32 (the CPU
+  plugin would otherwise pick bf16 on a CPU with AVX512-BF16 or AMX).
+- ``openvino-bf16``: the same IR run with the hint bf16; made only where the CPU computes bf16.
+- ``openvino-int8``: ``nncf.quantize`` (``ModelType.TRANSFORMER``) calibrated on ``export.openvino.calibration_rows``
+  train rows, never validation or test rows.
+  https://docs.openvino.ai/2026/openvino-workflow/model-optimization-guide/quantizing-models-post-training/basic-quantization-flow.html
 """
 
 from __future__ import annotations
@@ -28,24 +23,24 @@ import numpy as np
 if TYPE_CHECKING:
     from datasets import Dataset
 
+    from finetune.export.make import MakeJob
+
 log = logging.getLogger(__name__)
 
-OPENVINO_FORMS = ("openvino-fp32", "openvino-bf16", "openvino-int8")
 OV_FILE = "openvino_model.xml"  # with openvino_model.bin beside it
 OV_CONFIG = "openvino.json"  # {"inference_precision": "f32" | "bf16", ...}
 SERVE_EXTRA = "pip install -e '.[serve]' (or bash .ci/setup: the lock has it)"
 
 
 def openvino_missing() -> str | None:
-    """Why the OpenVINO forms can't be made here (None when OpenVINO and NNCF import): the extra to install."""
+    """Why the OpenVINO forms can't be made here, naming the extra to install; None when they can."""
     missing = [name for name in ("openvino", "nncf") if importlib.util.find_spec(name) is None]
     return f"{' and '.join(missing)} not installed: {SERVE_EXTRA}" if missing else None
 
 
 def save_openvino(model, folder: Path, precision: str = "f32", **record) -> Path:
-    """``model`` (an ONNX file's path, converted with ``openvino.convert_model``, or an OpenVINO model) saved as IR in
-    ``folder`` with its ``openvino.json`` (``precision``: the ``INFERENCE_PRECISION_HINT`` it runs with, f32 or bf16;
-    ``record``: more to write there)."""
+    """Save ``model`` (an ONNX file's path or an OpenVINO model) as IR in ``folder``, with an ``openvino.json`` of
+    ``precision`` (the ``INFERENCE_PRECISION_HINT``, f32 or bf16) and ``record``."""
     import openvino as ov
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -56,22 +51,21 @@ def save_openvino(model, folder: Path, precision: str = "f32", **record) -> Path
 
 
 def calibration_rows(train: Dataset, rows: int, seed: int, inputs: list[str]) -> list[dict[str, np.ndarray]]:
-    """``rows`` rows of the tokenized train split ``train`` drawn with ``seed`` (all of them when it has fewer), each
-    as the model's ``inputs`` of one example, int64 ``[1, seq_len]``: NNCF's calibration samples."""
+    """NNCF's calibration samples: ``rows`` rows of ``train`` drawn with ``seed`` (all when fewer), each the
+    ``inputs`` as int64 ``[1, seq_len]``."""
     picked = np.sort(np.random.default_rng(seed).permutation(len(train))[:rows])
     return [{name: np.asarray([row[name]], dtype=np.int64) for name in inputs}
             for row in train.select(picked).select_columns(inputs)]
 
 
 def quantize_openvino(onnx_path: Path, folder: Path, samples: list[dict[str, np.ndarray]], seed: int) -> dict:
-    """``onnx_path`` quantized to int8 with NNCF (``nncf.quantize``, ``ModelType.TRANSFORMER``, its default
-    ``preset``) on ``samples`` (``calibration_rows``), saved as IR in ``folder`` with its ``openvino.json``.
+    """Quantize ``onnx_path`` to int8 with ``nncf.quantize`` on ``samples`` and save it as IR in ``folder``.
 
     Returns:
-        What export.json records: ``calibration_rows``, ``calibration_seed`` and NNCF's version.
+        ``{"calibration_rows", "calibration_seed", "nncf"}`` (NNCF's version), also in ``openvino.json``.
 
     Raises:
-        ExportError: NNCF fails on the model; the message says so and names the form.
+        ExportError: NNCF fails on the model.
     """
     import nncf
     import openvino as ov
@@ -87,3 +81,33 @@ def quantize_openvino(onnx_path: Path, folder: Path, samples: list[dict[str, np.
     record = {"calibration_rows": len(samples), "calibration_seed": seed, "nncf": nncf.__version__}
     save_openvino(quantized, folder, "f32", **record)
     return record
+
+
+def make_openvino_fp32(job: MakeJob) -> dict:
+    """The ``openvino-fp32`` form: the base's ONNX file as IR, hint f32."""
+    from finetune.export.make import ONNX_FILE
+
+    save_openvino(job.base / ONNX_FILE, job.folder, "f32")
+    return {}
+
+
+def make_openvino_bf16(job: MakeJob) -> dict:
+    """The ``openvino-bf16`` form: the base's ONNX file as IR, hint bf16."""
+    from finetune.export.make import ONNX_FILE
+
+    save_openvino(job.base / ONNX_FILE, job.folder, "bf16")
+    return {}
+
+
+def make_openvino_int8(job: MakeJob) -> dict:
+    """The ``openvino-int8`` form: ``quantize_openvino`` of the base's file on ``job.train``; returns its record.
+
+    Raises:
+        ExportError: NNCF fails on the model.
+    """
+    from finetune.export.make import ONNX_FILE, model_inputs
+
+    p = job.params.openvino
+    samples = calibration_rows(job.train, p.calibration_rows, p.seed, model_inputs(job.tokenizer))
+    log.info("%s: quantizing with nncf.quantize, calibrated on %d train rows", job.form, len(samples))
+    return quantize_openvino(job.base / ONNX_FILE, job.folder, samples, p.seed)

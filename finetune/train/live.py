@@ -1,8 +1,5 @@
-"""DVCLive logs: the train stage's step and epoch logs, and the evaluate stage's plots.
-
-Inside a DVC stage, dvc.yaml declares the plots and `dvc exp run` saves the experiment, so DVCLive only writes
-files: no dvc.yaml, no report, no experiment commit (https://dvc.org/doc/dvclive/how-it-works).
-"""
+"""DVCLive logs of the train stage and plots of the evaluate stage, files only (no dvc.yaml, report or experiment
+commit: https://dvc.org/doc/dvclive/how-it-works)."""
 
 from __future__ import annotations
 
@@ -16,21 +13,20 @@ from finetune.tasks import Task
 
 
 def open_live(directory: str | Path):
-    """A DVCLive logger that only writes files under ``directory``. Call ``.end()`` to write its summary."""
+    """A DVCLive logger that only writes files under ``directory``; ``.end()`` writes its summary."""
     from dvclive import Live
 
     return Live(dir=str(directory), dvcyaml=None, save_dvc_exp=False, report=None)
 
 
 class TrainLog:
-    """The train stage's logs: ``<folder>/steps`` (``train/loss``: mean over the last ``log_every`` optimizer
-    steps, ``train/lr``, every ``log_every`` steps and at the last step; with distillation ``train/hard_loss`` and
-    ``train/soft_loss`` the same way) and the evaluations: ``<folder>/epochs`` (DVCLive's step is the epoch) or, with
-    ``unit`` 'step' (``train.eval_every_steps``), ``<folder>/evaluations`` (its step is the optimizer step, and
-    ``epoch`` a metric) with ``train/loss`` since the previous evaluation, with distillation its two parts, and
-    ``validation/<metric>``. A resumed run replays its earlier steps and evaluations through the same two methods,
-    so its logs equal an uninterrupted run's. With ``folder`` None (processes other than the main one) nothing
-    is written.
+    """The train stage's DVCLive logs: ``<folder>/steps`` (``train/loss`` averaged over the last ``log_every``
+    optimizer steps, ``train/lr``, distillation's loss parts; every ``log_every`` steps and the last), and the
+    evaluations in ``<folder>/epochs`` or, with ``unit`` 'step', ``<folder>/evaluations``.
+
+    Args:
+        folder: None writes nothing (processes other than the main one).
+        unit: 'epoch' or 'step': the DVCLive step of the evaluation log.
     """
 
     def __init__(self, folder: Path | None, log_every: int, total_steps: int, unit: str = "epoch"):
@@ -42,7 +38,7 @@ class TrainLog:
     @contextlib.contextmanager
     def open(cls, folder: Path, enabled: bool, log_every: int, total_steps: int,
              unit: str = "epoch") -> Iterator[TrainLog]:
-        """The log, written to a temp folder beside ``folder`` that replaces it at the end (removed on error)."""
+        """The log of ``folder``, replaced on exit (kept as it was on error); nothing is written unless ``enabled``."""
         if not enabled:
             yield cls(None, log_every, total_steps, unit)
             return
@@ -53,9 +49,12 @@ class TrainLog:
             log.evaluations.end()
 
     def log_step(self, step: int, losses: list[float], lrs: list[float], parts: dict | None = None) -> None:
-        """Log optimizer step ``step`` (1-based) if it is due; ``losses``, ``lrs``: one value per optimizer step;
-        ``parts``: more losses by name, one value per optimizer step each (distillation: ``train/hard_loss``,
-        ``train/soft_loss``), logged like ``train/loss``."""
+        """Log optimizer step ``step`` (1-based) when it is due.
+
+        Args:
+            losses, lrs: one value per optimizer step so far.
+            parts: more losses by name (``train/hard_loss``, ...), each one value per step, logged like ``losses``.
+        """
         if self.steps is None or not (step % self.log_every == 0 or step == self.total_steps):
             return
         self.steps.step = step
@@ -66,8 +65,7 @@ class TrainLog:
         self.steps.make_summary()
 
     def log_evaluation(self, entry: dict) -> None:
-        """Log one evaluation: ``entry`` is ``{"epoch": n, "step": s, "train/loss": ..., "validation/<metric>":
-        ...}``, at DVCLive step ``entry[unit]``."""
+        """Log ``entry`` (``{"epoch", "step", "train/loss", "validation/<metric>", ...}``) at step ``entry[unit]``."""
         if self.evaluations is None:
             return
         self.evaluations.step = entry[self.unit]
@@ -77,7 +75,7 @@ class TrainLog:
         self.evaluations.make_summary()
 
     def replay(self, losses: list[float], lrs: list[float], evaluations: list[dict], parts: dict | None = None) -> None:
-        """Log the steps and evaluations that a resumed run did before it was interrupted."""
+        """Log the steps and evaluations a resumed run took before its checkpoint."""
         for step in range(1, len(losses) + 1):
             self.log_step(step, losses, lrs, parts)
         for entry in evaluations:
@@ -85,14 +83,11 @@ class TrainLog:
 
 
 def log_plots(live, split: str, task: Task, table) -> None:
-    """The plots of one labeled split, from its predictions ``table`` (``label`` and ``prediction`` columns, and for
-    classification ``probability_<name>`` per class), with DVCLive.
+    """Log a labeled split's plots: the confusion matrix, with two classes also the precision-recall and ROC curves
+    of ``task.positive_label``; for regression, predicted against gold.
 
-    Classification: the confusion matrix with the class names (any number of classes); for two classes also the
-    precision-recall and ROC curves of the positive class (``task.positive_label``). Regression: predicted against
-    gold scores (a scatter). Files land in ``<live dir>/plots/sklearn/<split>/{confusion_matrix,precision_recall,
-    roc}.json`` or ``<live dir>/plots/custom/<split>/scatter.json``; dvc.yaml declares how they are drawn, and a plot
-    a task does not have is simply not written (``dvc plots show`` skips a missing file).
+    Args:
+        table: the split's predictions: ``label``, ``prediction`` and (classification) ``probability_<name>``.
     """
     if task.is_regression:
         points = [{"gold": float(g), "predicted": float(p)} for g, p in zip(table["label"], table["prediction"])]

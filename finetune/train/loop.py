@@ -1,14 +1,5 @@
-"""The training loop: fine-tune the pretrained checkpoint on the train split with an explicit loop on Accelerate.
-
-The loop of the Hugging Face course, chapter 3 "A full training" (https://huggingface.co/learn/llm-course/chapter3/4)
-and of transformers' examples/pytorch/text-classification/run_glue_no_trainer.py: AdamW, a schedule from
-``transformers.get_scheduler``, ``accelerator.accumulate`` / ``accelerator.backward``, validation after every epoch
-or every ``train.eval_every_steps`` optimizer steps (``eval_strategy="steps"`` in ``Trainer``'s terms). On top: the
-best evaluation's model is kept, early stopping (patience in evaluations), a checkpoint after every evaluation and
-every ``train.save_every_steps`` steps that ``train.resume`` continues from after an interruption, mid-epoch too
-(finetune/train/resume.py; ``accelerator.skip_first_batches`` as in run_glue_no_trainer.py), knowledge distillation
-from a teacher's logits (``distill.*``, finetune/distill/loss.py), and in a hyperparameter search (tools.tune) each
-validation reported to its Optuna trial, whose pruner may stop the run (finetune/train/trial.py; nothing without one).
+"""The training loop of the Hugging Face course's "A full training" (https://huggingface.co/learn/llm-course/chapter3/4)
+on Accelerate: epochs of optimizer steps, evaluations, early stopping, the kept model and checkpoints.
 """
 
 from __future__ import annotations
@@ -40,35 +31,20 @@ log = logging.getLogger(__name__)
 
 
 def train(params: Params, paths: Paths) -> dict:
-    """Fine-tune ``paths.pretrained`` on the train split of ``paths.tokenized``; save the kept model to
-    ``paths.trained``, checkpoints to ``paths.checkpoints`` and DVCLive logs to ``paths.train_logs``.
-
-    ``train.seed`` drives the head's initialisation, dropout and the batch order. One optimizer step takes
-    ``gradient_accumulation_steps`` batches of ``batch_size`` per process; the run takes ``max_steps`` optimizer
-    steps if set, else ``epochs`` epochs. Validation runs after every epoch, or with ``eval_every_steps`` every that
-    many steps and at the last one; the run stops sooner after ``early_stopping_patience`` evaluations without the
-    validation ``metric_for_best`` improving. ``paths.trained`` gets the best evaluation's weights with
-    ``keep_best``, else the last one's. A checkpoint follows every evaluation, and every ``save_every_steps`` steps;
-    the newest ``save_total_limit`` are kept. With ``resume``, a run whose fingerprint matches a checkpoint
-    continues from it, mid-epoch too. With ``distill.teacher``, the loss mixes the labels with the teacher's logits
-    of ``paths.teacher`` (``finetune.distill.loss.distillation_loss``); without, nothing of distillation runs.
-
-    Returns:
-        metrics, see ``final_metrics``.
+    """Fine-tune ``paths.pretrained`` on ``paths.tokenized``'s train split; returns metrics/train.json's content.
+    Reads ``pretrained``, ``tokenized``, ``teacher``; writes ``trained``, ``checkpoints``, ``train_logs``.
 
     Raises:
         CheckpointError: ``paths.pretrained`` lacks config, weights or tokenizer, or has a head of another size; or
-            a checkpoint could not be written (the disk is full: ``finetune.train.resume.save_checkpoint``).
-        ParamsError: ``train.metric_for_best`` is not a metric of the data's task.
-        TeacherError: with ``distill.teacher``, the teacher's logits do not fit the task or the train split
-            (``finetune.distill.loss.load_teacher``).
+            a checkpoint could not be written (the disk is full).
+        ParamsError: ``train.metric_for_best`` is not a metric of the data's task, or ``train.scheduler_kwargs`` does
+            not fit ``train.scheduler``.
+        TeacherError: with ``distill.teacher``, the teacher's logits do not fit the task or the train split.
     """
     start = time.perf_counter()
-    # the run: model, data, optimizer, schedule; then a fresh state or the last checkpoint's
     run = build_run(params, paths)
     run.trial = trial_from_env(run.metric_for_best) if run.accelerator.is_main_process else None
     state, stopping = start_or_resume(run, paths)
-    # epochs of steps, with evaluations and checkpoints between them; logs replayed first on resume
     with TrainLog.open(paths.train_logs, run.accelerator.is_main_process, run.p.log_every,
                        run.schedule.total_steps, run.unit) as logs:
         logs.replay(state.losses, state.lrs, state.evaluations, state.loss_parts)
@@ -78,17 +54,14 @@ def train(params: Params, paths: Paths) -> dict:
             train_epoch(run, state, stopping, logs, progress, paths)
         progress.close()
         save_kept_model(run, state, stopping, paths)
-    # the collapse verdict on the kept model, and the run's metrics/train.json
     kept = kept_evaluation(run, state, stopping)
     collapse = end_of_run(state.collapsed, len(state.evaluations), kept[run.unit], run.unit)
     return final_metrics(run, state, kept, stopping, collapse, time.perf_counter() - start)
 
 
 def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
-    """A fresh run state, or with ``train.resume`` the state of the newest checkpoint of this run's fingerprint.
-
-    Checkpoints of another run are deleted: they are never mixed with this one.
-    """
+    """``(state, stopping)``: fresh, or with ``train.resume`` the newest checkpoint's of ``run.fingerprint``.
+    Starting fresh deletes the checkpoints of other runs (main process)."""
     p = run.p
     checkpoint = last_checkpoint(paths.checkpoints, run.fingerprint) if p.resume else None
     if checkpoint is None:
@@ -107,12 +80,8 @@ def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
 
 def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainLog, progress: tqdm,
                 paths: Paths) -> None:
-    """One epoch of optimizer steps, or what is left of it after a mid-epoch resume (fewer when the run ends or
-    stops early first), with the evaluations and checkpoints that fall in it.
-
-    The epoch's batch order depends on seed and epoch only, so a resumed run replays it and skips the batches taken
-    before the checkpoint (``accelerator.skip_first_batches``: the sampler runs, the skipped rows are not loaded).
-    """
+    """Run (the rest of) epoch ``state.epoch + 1`` with its evaluations and checkpoints, until it ends or the run,
+    early stopping or a search's pruner stops; the batch order is seeded by ``train.seed + epoch``."""
     p, accelerator, schedule = run.p, run.accelerator, run.schedule
     epoch = state.epoch + 1
     done = state.step - state.epoch * schedule.steps_per_epoch  # steps of this epoch taken before a resume
@@ -130,7 +99,6 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
         state.padded_tokens += batch["attention_mask"].numel()
         if not accelerator.sync_gradients:
             continue
-        # after an optimizer step: learning rate, loss, progress, logs
         run.scheduler.step()
         state.step += 1
         if state.step == 1 and p.torch_compile:
@@ -144,7 +112,6 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
         progress.set_postfix(epoch=epoch, loss=f"{state.losses[-1]:.4f}", lr=f"{state.lrs[-1]:.2e}")
         logs.log_step(state.step, state.losses, state.lrs, state.loss_parts)
         state.train_seconds += time.perf_counter() - tick
-        # the end of the epoch (or of the run); an evaluation, or a checkpoint, when due
         last = state.step == schedule.total_steps
         if last or state.step == epoch * schedule.steps_per_epoch:
             state.epoch = epoch
@@ -159,12 +126,13 @@ def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainL
 
 
 def train_batch(run: Run, batch: dict, parts: dict[str, list[float]]) -> float:
-    """Forward and backward of one batch (``[batch, seq_len]`` tensors); the optimizer steps once every
-    ``gradient_accumulation_steps`` batches (``accelerator.accumulate``), the gradient clipped to
-    ``train.max_grad_norm`` first. With distillation the batch's hard and soft loss are appended to ``parts``.
+    """Forward and backward of one batch, returning its loss; the optimizer steps on every
+    ``gradient_accumulation_steps``-th batch, the gradient clipped to ``train.max_grad_norm`` first.
 
-    Returns:
-        The batch's loss.
+    Args:
+        batch: ``input_ids``, ``attention_mask`` ``[batch, seq_len]``, ``labels`` ``[batch]``; with distillation
+            ``teacher_logits`` ``[batch, num_labels]``.
+        parts: with distillation, the batch's ``train/hard_loss`` and ``train/soft_loss`` are appended here.
     """
     accelerator, model = run.accelerator, run.model
     with accelerator.accumulate(model):
@@ -183,16 +151,16 @@ def train_batch(run: Run, batch: dict, parts: dict[str, list[float]]) -> float:
 
 
 def finite_mean(values: list[float]) -> float:
-    """The mean of the values that are not NaN (NaN if none is): a batch of transfer rows alone has no hard loss
-    (``finetune.distill.loss.distillation_loss``)."""
+    """The mean of the non-NaN ``values``; NaN when none is (a batch of transfer rows alone has no hard loss)."""
     kept = [v for v in values if not math.isnan(v)]
     return sum(kept) / len(kept) if kept else math.nan
 
 
 def evaluate_and_keep(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainLog, paths: Paths) -> None:
-    """Validate (with the collapse check: an INFO line when the model does not beat the constant baseline yet, the
-    verdict comes at the end of the run), log the evaluation, keep the model if it is the best so far (or every
-    time without ``keep_best``), and checkpoint the run."""
+    """Validate, append the evaluation to ``state.evaluations`` and log it, report it to a search's trial
+    (setting ``run.pruned``), save the model to ``paths.checkpoints/best`` when it is the best so far (every time
+    without ``train.keep_best``), and checkpoint the run. A collapsed evaluation is recorded in ``state.collapsed``.
+    """
     p, main, unit = run.p, run.task.metrics[0], run.unit
     validation, logits = evaluate_split(run.model, run.val_dl, run.accelerator, run.task, load_metric(run.task),
                                         desc="validation")
@@ -227,8 +195,8 @@ def evaluate_and_keep(run: Run, state: RunState, stopping: EarlyStopping, logs: 
 
 
 def save_model(accelerator: Accelerator, model, tokenizer, task: Task, folder) -> None:
-    """``save_pretrained`` of the unwrapped model and the tokenizer, and the task.json that ``tools.predict`` reads
-    (text columns), into ``folder``, atomically (main process)."""
+    """Save the unwrapped ``model``, ``tokenizer`` and ``task`` into ``folder`` atomically on the main process;
+    every process waits for it."""
     if accelerator.is_main_process:
         with atomic_dir(folder) as tmp:
             accelerator.unwrap_model(model, keep_torch_compile=False).save_pretrained(tmp)

@@ -15,22 +15,14 @@ from finetune.train.run import Run
 
 def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping, collapse: dict,
                   wall_seconds: float) -> dict:
-    """The run's metrics/train.json.
+    """metrics/train.json of a finished run; ``kept`` is the kept evaluation, ``collapse`` the collapse verdict.
 
-    ``final_loss`` (mean train loss since the second-to-last evaluation: over the last epoch by default),
-    ``mean_loss`` (over all steps), ``steps`` (optimizer steps), ``epochs`` (epochs run, the last maybe in part),
-    ``evaluations`` (validations run), ``best_epoch``, ``best_step`` and ``best_validation_<metric>`` (the kept
-    evaluation ``kept``, by ``metric_for_best``), ``stopped_early``, ``pruned`` (a search's pruner stopped the run:
-    ``finetune.train.trial``), ``resumed_from_step`` (0: a fresh run),
-    ``train_samples`` (examples seen), ``train_seconds`` (wall seconds of the optimisation steps, validation and
-    checkpoints excluded), ``samples_per_second`` (train samples/s), ``wall_seconds`` (the whole call: loading,
-    training, validation, saving), ``peak_memory_mb`` (peak RSS, MiB; on GPU also ``peak_gpu_memory_mb``),
-    ``parameters``, ``padding_fraction`` (padding / all tokens of the training batches), ``real_tokens``,
-    ``mixed_precision``, ``device`` (``describe_device``), ``numerics`` (what decides the last digits: CPU vendor and
-    model, threads, matmul and vector instructions; ``finetune.hardware.numerics``), ``validation_baseline`` (the
-    constant model of train's labels scored on validation: ``finetune.evaluate.collapse.constant_baseline``), ``collapse``
-    (``collapse_check``'s verdict over the evaluations: ``finetune.evaluate.collapse.end_of_run``), with ``torch_compile``
-    ``compile_seconds``, and with distillation ``distillation`` (``distillation_metrics``).
+    Returns:
+        Besides the self-named keys: ``final_loss`` (train loss since the evaluation before the last), ``mean_loss``
+        (all steps), ``steps`` (optimizer steps), ``best_validation_<metric_for_best>`` (of ``kept``),
+        ``train_seconds`` (optimizer steps only), ``wall_seconds`` (the whole ``train`` call), ``peak_memory_mb``
+        (peak RSS, MiB), ``padding_fraction`` (padding / all train tokens); optional ``compile_seconds``,
+        ``distillation`` (``distillation_metrics``), ``peak_gpu_memory_mb`` (MiB).
     """
     last = state.evaluations[-1]
     metrics = {
@@ -69,9 +61,8 @@ def final_metrics(run: Run, state: RunState, kept: dict, stopping: EarlyStopping
 
 
 def distillation_metrics(run: Run, last: dict) -> dict:
-    """train.json's ``distillation``: the teacher (``distill.teacher``) and its model type, ``alpha``,
-    ``temperature``, the last evaluation's (``last``) mean ``final_hard_loss`` and ``final_soft_loss``, and
-    ``transfer`` (its ``rows``, ``kind`` and ``weight``, or None)."""
+    """train.json's ``distillation``; its ``transfer`` (``rows``, ``kind``, ``weight``) is None without a transfer
+    set."""
     transfer = run.distill.teacher.get("transfer")  # teacher.json's record of the transfer set, or None
     return {"teacher": run.distill.teacher["teacher"], "teacher_model_type": run.distill.teacher["model_type"],
             "alpha": run.distill.alpha, "temperature": run.distill.temperature,
@@ -82,11 +73,12 @@ def distillation_metrics(run: Run, last: dict) -> dict:
 
 @dataclass
 class EarlyStopping:
-    """Track a validation metric across evaluations: is this one the best so far, and is it time to stop?
+    """Early stopping on a validation metric, like transformers' ``EarlyStoppingCallback``.
 
-    ``mode`` 'max' for accuracy/F1, 'min' for loss. An evaluation improves when it beats the best by more than
-    ``threshold``; training stops after ``patience`` evaluations in a row without improvement (None: never),
-    like transformers' ``EarlyStoppingCallback``.
+    Args:
+        mode: 'max' (accuracy, F1) or 'min' (loss).
+        patience: evaluations in a row without improvement before stopping; None: never.
+        threshold: an improvement must beat the best by more than this.
     """
 
     mode: str
@@ -98,7 +90,7 @@ class EarlyStopping:
     bad_evaluations: int = 0
 
     def update(self, value: float, epoch: int, step: int = 0) -> bool:
-        """Record ``value`` of the evaluation at optimizer step ``step`` of ``epoch``; True when it is a new best."""
+        """Record an evaluation's ``value``; True when it is a new best."""
         sign = 1 if self.mode == "max" else -1
         if self.best is None or sign * (value - self.best) > self.threshold:
             self.best, self.best_epoch, self.best_step, self.bad_evaluations = value, epoch, step, 0

@@ -1,11 +1,5 @@
-"""What lets an interrupted training run continue: its state, its fingerprint, and its checkpoints.
-
-After every evaluation (every epoch, or every ``train.eval_every_steps`` optimizer steps) and every
-``train.save_every_steps`` steps, the train stage saves ``accelerator.save_state`` (model, optimizer, scheduler, the RNG
-states) plus ``trainer_state.json`` (a ``RunState``) into ``models/checkpoints/step-N``
-(N: optimizer steps taken). A later run with the same fingerprint continues from the newest complete one, mid-epoch
-too (the epoch's batch order is replayed and its first batches skipped, ``finetune.train.loop``), and ends exactly where
-an uninterrupted run ends. The newest ``train.save_total_limit`` checkpoints are kept.
+"""Resuming an interrupted training run: its state (``RunState``), its fingerprint, and the ``step-N`` checkpoints
+(``accelerator.save_state`` plus trainer_state.json) saved, found and pruned.
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ STATE_FILE = "trainer_state.json"  # inside each checkpoint, beside accelerator.
 
 @dataclass
 class RunState:
-    """Everything beyond ``accelerator.save_state`` needed to continue a run; saved in each checkpoint as
-    trainer_state.json."""
+    """What continues a run beyond ``accelerator.save_state``; trainer_state.json of each checkpoint."""
 
     fingerprint: str
     epoch: int = 0  # epochs finished
@@ -56,15 +49,11 @@ class RunState:
 
 def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_processes: int, mixed_precision: str,
                     distilling: bool = False) -> str:
-    """A hash of everything that decides the run's result, so ``resume`` never continues a different run.
-
-    Covers the train params (except ``resume``, ``log_every``), ``model.pooling``, the evaluation batching, the
-    accelerate config file, the number of processes, the precision the run resolved (``mixed_precision``: ``auto``
-    is bf16 on one machine and fp32 on another, and a checkpoint of one is not continued in the other), the
-    tokenized data (datasets' fingerprint of each split) and its task, the pretrained checkpoint's config and
-    weights' sizes, the code (``finetune.code.code_digest`` of the train stage: every project file it runs) and,
-    with distillation (``distilling``), the ``distill`` params and the sha256 of every file of ``paths.teacher`` (the
-    teacher's identity and logits).
+    """A 16-hex-digit hash of everything that decides the run's result, so ``resume`` never continues another run.
+    Covers the train params but ``resume`` and ``log_every``, ``model.pooling``, the evaluation batching, the accelerate
+    config file, ``num_processes``, the resolved ``mixed_precision``, each tokenized split's fingerprint and task.json,
+    the pretrained config and weights' sizes, the train stage's code (``finetune.code.code_digest``) and, when
+    ``distilling``, the ``distill`` params and the sha256 of every file of ``paths.teacher``.
     """
     weights = sorted((f.name, f.stat().st_size) for f in paths.pretrained.glob("*.safetensors"))
     accelerate_config = Path(params.train.accelerate_config)
@@ -87,9 +76,8 @@ def run_fingerprint(params: Params, paths: Paths, tokenized: DatasetDict, num_pr
 
 
 def last_checkpoint(checkpoints_dir: Path, fingerprint: str) -> Path | None:
-    """The newest complete ``step-N`` checkpoint of the run ``fingerprint``, or None.
-
-    A checkpoint is complete once its folder has its final name: it is written as ``.step-N.tmp`` and renamed.
+    """The newest complete ``step-N`` checkpoint of the run ``fingerprint``, or None (one still named
+    ``.step-N.tmp`` is incomplete).
     """
     found = [(step, folder) for step, folder in checkpoints_of(checkpoints_dir)
              if json.loads((folder / STATE_FILE).read_text()).get("fingerprint") == fingerprint]
@@ -110,10 +98,8 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: Path) -> RunState:
 
 def save_checkpoint(accelerator: Accelerator, checkpoints_dir: Path, state: RunState,
                     keep: int | None = 1) -> Path:
-    """``accelerator.save_state`` plus the run state into ``checkpoints_dir/step-<state.step>``, atomically.
-
-    Written to ``.step-N.tmp`` and renamed when complete; only then are the checkpoints beyond the newest ``keep``
-    deleted (None: none). Every process must call it (save_state synchronises them).
+    """Save ``accelerator.save_state`` and ``state`` into ``checkpoints_dir/step-<state.step>`` (returned)
+    atomically, then delete all but the newest ``keep`` (None: keep all). Every process must call it.
 
     Raises:
         CheckpointError: the checkpoint could not be written (e.g. the disk is full); the message names the folder

@@ -1,14 +1,8 @@
-"""The run: everything one training run works with (Accelerator, tokenizer, model, DataLoaders, optimizer,
-schedule, distillation), built once from params and the stages' artifacts by ``build_run``, for the loop in
-finetune/train/loop.py.
-
-Setup as in the Hugging Face course chapter "A full training" and accelerate's examples/nlp_example.py: the model
-and the DataLoaders, then ``accelerator.prepare`` of model, optimizer and DataLoaders together, then the schedule
-sized in optimizer steps of the prepared train DataLoader (finetune/train/run.py).
-"""
+"""What one training run works with (``Run``), built once by ``build_run``."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from dataclasses import dataclass
@@ -17,7 +11,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from datasets import load_from_disk
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, SchedulerType, get_scheduler
+from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
 from transformers.trainer_pt_utils import get_parameter_names
 
 from finetune.data.batches import evaluation_loader, make_collator, train_dataloader
@@ -27,7 +22,7 @@ from finetune.evaluate.collapse import constant_baseline
 from finetune.evaluate.evaluation import load_metric
 from finetune.hardware import resolve_mixed_precision
 from finetune.modeling import load_classifier
-from finetune.params import Params, TrainParams
+from finetune.params import LOOP_SCHEDULER_ARGS, Params, TrainParams
 from finetune.paths import Paths
 from finetune.runtime import make_accelerator, set_cpu_threads
 from finetune.tasks import Task
@@ -65,12 +60,20 @@ class Run:
 
     @property
     def unit(self) -> str:
-        """What evaluations are counted in: 'epoch' (one after every epoch) or 'step' (``train.eval_every_steps``)."""
+        """'epoch' (an evaluation after every epoch) or 'step' (every ``train.eval_every_steps``)."""
         return "step" if self.p.eval_every_steps else "epoch"
 
 
 def build_run(params: Params, paths: Paths) -> Run:
-    """Accelerator, seed, tokenizer, model, DataLoaders, optimizer and schedule, prepared for the processes."""
+    """The run of ``params``, prepared for the processes and not yet resumed
+    (https://huggingface.co/learn/llm-course/chapter3/4).
+
+    Raises:
+        ParamsError: ``train.metric_for_best`` is not a metric of the task, or ``train.scheduler_kwargs`` does not fit
+            ``train.scheduler``.
+        CheckpointError: ``paths.pretrained`` can't be loaded.
+        TeacherError: with ``distill.teacher``, data/teacher does not fit the task or the train split.
+    """
     p = params.train
     threads = set_cpu_threads(p.num_threads)
     mixed_precision = resolve_mixed_precision(p.mixed_precision)
@@ -100,10 +103,11 @@ def build_run(params: Params, paths: Paths) -> Run:
     scheduler = make_scheduler(optimizer, p, schedule)
     accelerator.register_for_checkpointing(scheduler)
     log.info("Training up to %d optimizer steps (%d epochs of %d) on %d process(es) (%s), batch %d x %d accumulation, "
-             "mixed precision %s, lr %g, %s schedule, %d warmup steps, %s head, %d CPU threads",
+             "mixed precision %s, lr %g, %s schedule%s, %d warmup steps, %s head, %d CPU threads",
              schedule.total_steps, schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes,
              accelerator.device, p.batch_size, p.gradient_accumulation_steps, mixed_precision, p.lr,
-             p.scheduler, schedule.warmup_steps, params.model.pooling, threads)
+             p.scheduler, f" {p.scheduler_kwargs}" if p.scheduler_kwargs else "", schedule.warmup_steps,
+             params.model.pooling, threads)
     distill = None
     if teacher is not None:
         d = params.distill
@@ -122,13 +126,8 @@ def build_run(params: Params, paths: Paths) -> Run:
 
 
 def make_optimizer(model: torch.nn.Module, p: TrainParams) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` with ``p.lr``; ``p.weight_decay`` on every weight except biases and LayerNorm weights.
-
-    Excluding biases and normalisation weights from decay follows BERT's original optimizer and
-    run_glue_no_trainer.py. ``p.adamw_impl`` picks the implementation: 'foreach' batches the update over tensors,
-    'fused' runs one kernel per parameter group (CPU and CUDA since torch 2.4), 'default' lets torch choose; all
-    compute the same update (https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html).
-    """
+    """AdamW with ``p.weight_decay`` on every weight but biases and LayerNorm and RMSNorm weights (as
+    run_glue_no_trainer.py) (https://pytorch.org/docs/stable/generated/torch.optim.AdamW.html)."""
     decay = set(get_parameter_names(model, [torch.nn.LayerNorm], ["bias", "layernorm", "rmsnorm"]))
     groups = [{"params": [t for n, t in model.named_parameters() if n in decay], "weight_decay": p.weight_decay},
               {"params": [t for n, t in model.named_parameters() if n not in decay], "weight_decay": 0.0}]
@@ -147,8 +146,7 @@ class Schedule:
 
     @classmethod
     def of(cls, p: TrainParams, batches_per_epoch: int) -> Schedule:
-        """The schedule of ``p`` for ``batches_per_epoch`` batches of this process (``len(loader)`` after
-        ``accelerator.prepare``: every process takes its optimizer steps together with the others)."""
+        """The schedule of ``p``; ``batches_per_epoch`` per process (``len(loader)`` after ``accelerator.prepare``)."""
         steps_per_epoch = math.ceil(batches_per_epoch / p.gradient_accumulation_steps)
         total_steps = p.max_steps or p.epochs * steps_per_epoch
         return cls(steps_per_epoch=steps_per_epoch, total_steps=total_steps,
@@ -156,10 +154,34 @@ class Schedule:
                    warmup_steps=p.warmup_steps or math.ceil(p.warmup_ratio * total_steps))
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, p: TrainParams, schedule: Schedule):
-    """``transformers.get_scheduler(p.scheduler)`` over ``schedule.total_steps`` optimizer steps with its warmup.
+# Schedulers whose step() needs a metric; the loop steps the schedule once per optimizer step, without one.
+METRIC_SCHEDULERS = (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY)
 
-    Step it by hand after each real optimizer step (not prepared by accelerate, which would step it per batch).
+
+def make_scheduler(optimizer: torch.optim.Optimizer, p: TrainParams,
+                   schedule: Schedule) -> torch.optim.lr_scheduler.LRScheduler:
+    """``transformers.get_scheduler(p.scheduler)`` over ``schedule``, with ``p.scheduler_kwargs``
+    (https://huggingface.co/docs/transformers/main_classes/optimizer_schedules). The caller steps it once per
+    optimizer step (accelerate would step a prepared one per batch).
+
+    Raises:
+        ParamsError: ``train.scheduler_kwargs`` names an argument the scheduler does not take, or the scheduler
+            refuses a value (every step's learning rate is computed here, so a bad value fails before training).
     """
-    return get_scheduler(p.scheduler, optimizer=optimizer, num_warmup_steps=schedule.warmup_steps,
-                         num_training_steps=schedule.total_steps)
+    name = SchedulerType(p.scheduler)
+    own = [arg for arg in inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[name]).parameters
+           if arg not in LOOP_SCHEDULER_ARGS]
+    if unknown := [key for key in p.scheduler_kwargs if key not in own]:
+        raise ParamsError(f"params.yaml: train.scheduler_kwargs: {', '.join(unknown)}: not an argument of the "
+                          f"{p.scheduler!r} scheduler (its own: {', '.join(own) or 'none'})")
+    try:
+        scheduler = get_scheduler(name, optimizer=optimizer, num_warmup_steps=schedule.warmup_steps,
+                                  num_training_steps=schedule.total_steps,
+                                  scheduler_specific_kwargs=dict(p.scheduler_kwargs))
+        for lr_lambda in getattr(scheduler, "lr_lambdas", []):
+            for step in range(schedule.total_steps + 1):
+                lr_lambda(step)
+    except (TypeError, ValueError, ArithmeticError) as err:
+        raise ParamsError(f"params.yaml: train.scheduler_kwargs: the {p.scheduler!r} scheduler refuses "
+                          f"{dict(p.scheduler_kwargs)}: {' '.join(str(err).split())}") from None
+    return scheduler

@@ -1,11 +1,6 @@
-"""The training loop's one hook for a hyperparameter search: report each validation to the running Optuna trial
-and ask whether to stop (prune). A no-op when no search runs.
-
-``tools.tune`` runs each trial as a `dvc exp run`; for the run whose validations may prune the trial it sets
-``$FINETUNE_TRIAL`` to ``{"storage": ..., "study": ..., "trial_id": ...}`` (``trial_env``). The train stage finds it
-with ``trial_from_env`` and reports after every evaluation: Optuna's pruner (``MedianPruner`` by default) compares the
-value with earlier trials' at the same epoch (or optimizer step, with ``train.eval_every_steps``). See Optuna's
-"Efficient Optimization Algorithms" tutorial (https://optuna.readthedocs.io/en/stable/tutorial/10_key_features/003_efficient_optimization_algorithms.html).
+"""The training loop's hook for a hyperparameter search (``tools.tune``): report each validation to the Optuna trial
+named by ``$FINETUNE_TRIAL`` and stop when its pruner says so; a no-op without one
+(https://optuna.readthedocs.io/en/stable/tutorial/10_key_features/003_efficient_optimization_algorithms.html).
 """
 
 from __future__ import annotations
@@ -21,12 +16,12 @@ TRIAL_ENV = "FINETUNE_TRIAL"
 
 
 def open_storage(url: str, heartbeat_seconds: int | None = None, grace_seconds: int | None = None):
-    """Optuna's ``RDBStorage`` at database ``url``: ``sqlite:///<absolute path>`` (one machine, several processes, as in
-    Optuna's "Easy Parallelization" tutorial), ``postgresql://…`` or ``mysql://…`` (many machines).
+    """Optuna's ``RDBStorage`` at ``url``: ``sqlite:///<absolute path>``, ``postgresql://…`` or ``mysql://…``.
 
-    ``heartbeat_seconds``/``grace_seconds``: the worker's heartbeat; a trial whose worker went silent for
-    ``grace_seconds`` (killed) is failed and retried once (``optuna.storages.RetryHeartbeatStaleTrialCallback``) when a
-    worker next starts a trial. None: no heartbeat (the train stage's hook only reports).
+    Args:
+        heartbeat_seconds: the worker's heartbeat interval in seconds; None: no heartbeat.
+        grace_seconds: a trial whose worker was silent this many seconds is failed and retried once
+            (``RetryHeartbeatStaleTrialCallback``) when a worker next starts a trial.
     """
     import warnings
 
@@ -42,10 +37,9 @@ def open_storage(url: str, heartbeat_seconds: int | None = None, grace_seconds: 
 
 
 def make_pruner(prune_after_trials: int | None, prune_from: int = 1):
-    """Optuna's ``MedianPruner``: from the ``prune_from``-th epoch (or step) on, stop a trial whose value is worse
-    than the median of the complete trials' at the same point, once ``prune_after_trials`` trials are complete;
-    ``NopPruner`` (never) when ``prune_after_trials`` is None. Optuna keeps no pruner in its storage, so the search
-    and the train stage's hook each build it from these two numbers."""
+    """Optuna's ``MedianPruner(n_startup_trials=prune_after_trials, n_warmup_steps=prune_from)``, or ``NopPruner``
+    when ``prune_after_trials`` is None. Optuna stores no pruner: the search and the train stage's hook each build it.
+    """
     import optuna
 
     if prune_after_trials is None:
@@ -55,9 +49,10 @@ def make_pruner(prune_after_trials: int | None, prune_from: int = 1):
 
 def trial_env(storage: str, study: str, trial_id: int, metric: str | None = None,
               prune_after_trials: int | None = None, prune_from: int = 1) -> dict[str, str]:
-    """The environment variable that makes the train stage report validation ``metric`` (None: the run's
-    ``metric_for_best``) to trial ``trial_id`` of ``study``, pruned by ``make_pruner(prune_after_trials,
-    prune_from)``."""
+    """``{"FINETUNE_TRIAL": <JSON>}``: the environment that makes the train stage report validation ``metric``
+    (None: its ``metric_for_best``) to trial ``trial_id`` of ``study`` in ``storage``, pruned by
+    ``make_pruner(prune_after_trials, prune_from)``.
+    """
     return {TRIAL_ENV: json.dumps({"storage": storage, "study": study, "trial_id": trial_id, "metric": metric,
                                    "prune_after_trials": prune_after_trials, "prune_from": prune_from})}
 
