@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,10 +24,20 @@ END = "<!-- committed-run:end -->"
 NOT_METRICS = {"loss", "examples", "baseline", "most_predicted", "collapsed", "agreement", "max_abs_logit_diff"}
 
 
-def load(name: str) -> dict:
+def read(name: str, rev: str | None = None) -> str | None:
+    """The text of file ``name`` of the repository: in the working tree, or at git revision ``rev``; None when it
+    is absent."""
+    if rev is None:
+        path = ROOT / name
+        return path.read_text() if path.exists() else None
+    shown = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=ROOT, capture_output=True, text=True)
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def load(name: str, rev: str | None = None) -> dict:
     """A metrics file of the repository as a dict ({} when it is absent)."""
-    path = ROOT / name
-    return json.loads(path.read_text()) if path.exists() else {}
+    text = read(name, rev)
+    return json.loads(text) if text is not None else {}
 
 
 def metric(value: float) -> str:
@@ -119,10 +130,10 @@ def export_table(export: dict) -> list[str]:
     return lines
 
 
-def block() -> str:
-    """The generated block, markers included."""
-    parts = [run_lines(load("metrics/train.json"), load("metrics/provenance.json")),
-             eval_table(load("metrics/eval.json")), export_table(load("metrics/export.json"))]
+def block(rev: str | None = None) -> str:
+    """The generated block, markers included, from the working tree's metrics or those of git revision ``rev``."""
+    parts = [run_lines(load("metrics/train.json", rev), load("metrics/provenance.json", rev)),
+             eval_table(load("metrics/eval.json", rev)), export_table(load("metrics/export.json", rev))]
     body = "\n\n".join("\n".join(p) for p in parts if p)
     return f"{BEGIN}\n\n{body}\n\n{END}"
 
