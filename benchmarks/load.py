@@ -1,0 +1,300 @@
+"""Load test of the HTTP server (``tools.serve``, LitServe) against a user's baseline, on loopback: MRPC validation
+pairs, one per request, from 1, 8 and 32 concurrent clients (keep-alive connections, each sending its next request
+when the last is answered), each level bounded in requests and seconds.
+
+The baseline is what a user writes first: a FastAPI app whose endpoint calls ``pipeline("text-classification")`` in
+fp32 on ``models/finetuned``, one request at a time (the call blocks its event loop). Per server and level: requests/s,
+p50 and p99 latency, errors (a connection error, a timeout or a status other than 200), and accuracy and F1 from the
+answers' labels. ``--soak N`` then sends N requests from 32 clients to the engine alone, zero errors expected. The
+servers run as subprocesses of this one and are stopped with SIGTERM (their exit status is reported).
+
+    python -m benchmarks.load                              # the served form (metrics/export.json) and the baseline
+    python -m benchmarks.load --form onnx-fp32 --requests 800 --soak 20000
+
+Writes benchmarks/SERVE-LOAD.md: the table, the goals, CPU, command and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import date
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import accuracy_score, f1_score
+
+from finetune.hardware import cpu_model
+from finetune.paths import Paths
+from tools.serve import EXPORT_METRICS, default_form
+
+HERE = Path(__file__).parent
+LOCAL_COPY = Path("../shared/datasets/glue/mrpc")
+HOST = "127.0.0.1"
+REQUEST_TIMEOUT_S = 30
+
+
+def mrpc_validation() -> tuple[list[tuple[str, str]], list[int]]:
+    """MRPC validation pairs and labels: data/raw (``dvc repro download``), else the local copy's parquet file."""
+    raw = Paths().raw
+    if (raw / "dataset_dict.json").is_file():
+        from datasets import load_from_disk
+
+        rows = load_from_disk(str(raw))["validation"].to_pandas()
+    else:
+        import pandas as pd
+
+        rows = pd.read_parquet(next(LOCAL_COPY.glob("validation-*.parquet")))
+    return list(zip(rows["sentence1"], rows["sentence2"])), rows["label"].astype(int).tolist()
+
+
+def baseline_server(model_dir: Path, port: int) -> None:
+    """The user's baseline: FastAPI calling ``pipeline("text-classification")`` (fp32) per request, served by
+    uvicorn on ``port``; answers ``{"predictions": [{"label": ..., "score": ...}]}``."""
+    import uvicorn
+    from fastapi import FastAPI
+    from transformers import pipeline
+
+    import finetune.modeling  # noqa: F401  (registers a mean-pooled model's head)
+
+    classify = pipeline("text-classification", model=str(model_dir), device=-1)
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"ok": True}
+
+    @app.post("/predict")
+    async def predict(body: dict) -> dict:
+        return {"predictions": [classify(body["inputs"])]}
+
+    uvicorn.run(app, host=HOST, port=port, log_level="warning", access_log=False)
+
+
+def start_server(command: list[str], port: int, timeout: float = 300) -> subprocess.Popen:
+    """Start a server command and wait for ``GET /health`` to answer 200.
+
+    Raises:
+        SystemExit: it exited or did not become ready within ``timeout`` seconds; its output's last lines.
+    """
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # its output
+    # is read only if it fails to start: it logs warnings only (--log-level warning), far below a pipe's buffer
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            output = process.stdout.read()[-3000:]
+            raise SystemExit(f"ERROR: {' '.join(command)} exited {process.returncode}:\n{output}")
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=1) as answer:
+                if answer.status == 200:
+                    return process
+        except OSError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    raise SystemExit(f"ERROR: {' '.join(command)} not ready after {timeout} s")
+
+
+def stop_server(process: subprocess.Popen) -> int:
+    """SIGTERM, then the exit status (killed after 60 s)."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+async def _client(port: int, bodies: list[bytes], counter, total: int, deadline: float, results: list) -> None:
+    """Send requests one after another on one keep-alive connection until ``total`` are taken or ``deadline``;
+    append ``(index, latency_s, status, body)`` per request (status 0: a connection error or timeout)."""
+    reader = writer = None
+    while time.monotonic() < deadline:
+        index = next(counter)
+        if index >= total:
+            break
+        body = bodies[index % len(bodies)]
+        request = (f"POST /predict HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        begin = time.perf_counter()
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(request)
+            status, answer = await asyncio.wait_for(_read_response(reader), REQUEST_TIMEOUT_S)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
+            status, answer = 0, b""
+            if writer is not None:
+                writer.close()
+            reader = writer = None
+        results.append((index, time.perf_counter() - begin, status, answer))
+    if writer is not None:
+        writer.close()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One HTTP/1.1 response with a Content-Length: its status and body."""
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    return status, await reader.readexactly(length)
+
+
+def load_level(port: int, pairs, labels, clients: int, requests: int, seconds: float, names) -> dict:
+    """``requests`` requests (at most ``seconds``) from ``clients`` concurrent clients: requests/s, p50 and p99 ms,
+    errors, and accuracy and F1 of the answered labels."""
+    bodies = [json.dumps({"inputs": {"text": a, "text_pair": b}}).encode() for a, b in pairs]
+    results: list = []
+    counter = itertools.count()
+
+    async def run() -> None:
+        deadline = time.monotonic() + seconds
+        await asyncio.gather(*(_client(port, bodies, counter, requests, deadline, results) for _ in range(clients)))
+
+    begin = time.perf_counter()
+    asyncio.run(run())
+    wall = time.perf_counter() - begin
+    ok = [(i, lat, json.loads(body)) for i, lat, status, body in results if status == 200]
+    latencies = np.array([lat for _, lat, _ in ok]) * 1e3 if ok else np.array([np.nan])
+    predicted = [names.index(answer["predictions"][0]["label"]) for _, _, answer in ok]
+    gold = [labels[i % len(labels)] for i, _, _ in ok]
+    return {"clients": clients, "requests": len(results), "seconds": round(wall, 2),
+            "requests_per_s": round(len(ok) / wall, 1), "p50_ms": round(float(np.percentile(latencies, 50)), 2),
+            "p99_ms": round(float(np.percentile(latencies, 99)), 2), "errors": len(results) - len(ok),
+            "accuracy": round(accuracy_score(gold, predicted), 4) if ok else None,
+            "f1": round(f1_score(gold, predicted), 4) if ok else None}
+
+
+def tokenize_ms(folder: Path, pairs) -> float:
+    """Median ms to tokenize one pair with ``folder``'s tokenizer, over the first 200 pairs."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    times = []
+    for a, b in pairs[:200]:
+        begin = time.perf_counter()
+        tokenizer(a, b, truncation=True, return_tensors="np")
+        times.append(time.perf_counter() - begin)
+    return float(np.median(times)) * 1e3
+
+
+def run_server_levels(name: str, command: list[str], port: int, pairs, labels, levels, requests: int,
+                      seconds: float, names, soak: int = 0) -> tuple[list[dict], dict | None, int]:
+    """Every level against one server (a few untimed requests first), an optional soak, then SIGTERM: its rows,
+    the soak's row and its exit status."""
+    process = start_server(command, port)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below stops the server
+    try:
+        load_level(port, pairs[:16], labels[:16], 4, 16, 60, names)  # warm-up
+        rows = []
+        for clients in levels:
+            row = {"server": name, **load_level(port, pairs, labels, clients, requests, seconds, names)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        soak_row = None
+        if soak:
+            soak_row = {"server": name, **load_level(port, pairs, labels, 32, soak, 3600, names)}
+            print(json.dumps({"soak": soak_row}), flush=True)
+    finally:
+        status = stop_server(process)
+    return rows, soak_row, status
+
+
+def report(rows, soak_row, statuses: dict, form: str, goals: dict, settings: dict, command: str) -> str:
+    """benchmarks/SERVE-LOAD.md's text."""
+    lines = ["# Load test of the HTTP server", "",
+             f"`{command}`, {date.today()}, CPU: {cpu_model()} ({os.cpu_count()} cores; clients and servers on the "
+             f"same cores). LitServe {version('litserve')}, FastAPI {version('fastapi')}, uvicorn "
+             f"{version('uvicorn')}, torch {version('torch')}, onnxruntime {version('onnxruntime')}, OpenVINO "
+             f"{version('openvino')}.", "",
+             f"Engine: `python -m tools.serve --form {form}` ({settings}); baseline: FastAPI calling "
+             "`pipeline(\"text-classification\")` fp32 on models/finetuned, one request at a time. MRPC validation "
+             "pairs, one per request, keep-alive clients on loopback.", "",
+             "| server | clients | requests | requests/s | p50 ms | p99 ms | errors | accuracy | F1 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['server']} | {row['clients']} | {row['requests']} | {row['requests_per_s']} | "
+                     f"{row['p50_ms']} | {row['p99_ms']} | {row['errors']} | {row['accuracy']} | {row['f1']} |")
+    exits = ", ".join(f"{server} {status}" for server, status in statuses.items())
+    lines += ["", f"Exit status after SIGTERM, once its levels ended: {exits}.", ""]
+    if soak_row:
+        lines += [f"Soak: {soak_row['requests']} requests from 32 clients in {soak_row['seconds']} s: "
+                  f"{soak_row['requests_per_s']} requests/s, p50 {soak_row['p50_ms']} ms, p99 {soak_row['p99_ms']} "
+                  f"ms, {soak_row['errors']} errors, accuracy {soak_row['accuracy']}, F1 {soak_row['f1']}.", ""]
+    lines += ["Goals:", ""] + [f"- {goal}" for goal in goals.values()] + [""]
+    return "\n".join(lines)
+
+
+def goals_of(rows, form: str, tokenizing_ms: float) -> dict:
+    """The two goals, met or not, with the numbers."""
+    by = {(r["server"], r["clients"]): r for r in rows}
+    out = {}
+    engine32, base32 = by.get(("engine", 32)), by.get(("baseline", 32))
+    if engine32 and base32:
+        ratio = engine32["requests_per_s"] / base32["requests_per_s"]
+        out["throughput"] = (f"32 clients: {ratio:.2f}x the baseline's requests/s (goal 5x): "
+                             f"{'met' if ratio >= 5 else 'missed'}")
+    engine1 = by.get(("engine", 1))
+    speed = json.loads(EXPORT_METRICS.read_text()).get(form, {}).get("speed") if EXPORT_METRICS.is_file() else None
+    if engine1 and speed:
+        target = 1.5 * (speed["batch_1_p50_ms"] + tokenizing_ms)
+        out["latency"] = (f"1 client: p99 {engine1['p99_ms']} ms against 1.5 x ({speed['batch_1_p50_ms']} ms batch-1 "
+                          f"p50 in metrics/export.json + {tokenizing_ms:.2f} ms tokenizing) = {target:.2f} ms: "
+                          f"{'met' if engine1['p99_ms'] <= target else 'missed'}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--form", default=None, help="the served form (default: metrics/export.json's choice)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--requests", type=int, default=816, help="requests per level (at most)")
+    parser.add_argument("--seconds", type=float, default=60, help="seconds per level (at most)")
+    parser.add_argument("--soak", type=int, default=0, help="then this many requests from 32 clients to the engine")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--batch-timeout", type=float, default=0.001)
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--baseline-server", action="store_true", help=argparse.SUPPRESS)  # the baseline's process
+    parser.add_argument("--out", type=Path, default=HERE / "SERVE-LOAD.md")
+    args = parser.parse_args(argv)
+    if args.baseline_server:
+        return baseline_server(Paths().finetuned, args.port)
+
+    form = args.form or default_form()
+    pairs, labels = mrpc_validation()
+    names = json.loads((Paths().finetuned / "task.json").read_text())["label_names"]
+    settings = f"--max-batch-size {args.max_batch_size} --batch-timeout {args.batch_timeout}"
+    engine = [sys.executable, "-m", "tools.serve", "--form", form, "--port", str(args.port), *settings.split(),
+              "--log-level", "warning"]
+    rows, soak_row, statuses = [], None, {}
+    engine_rows, soak_row, statuses["engine"] = run_server_levels(
+        "engine", engine, args.port, pairs, labels, args.clients, args.requests, args.seconds, names, args.soak)
+    rows += engine_rows
+    if not args.no_baseline:
+        baseline = [sys.executable, "-m", "benchmarks.load", "--baseline-server", "--port", str(args.port + 1)]
+        base_rows, _, statuses["baseline"] = run_server_levels(
+            "baseline", baseline, args.port + 1, pairs, labels, args.clients, args.requests, args.seconds, names)
+        rows += base_rows
+    folder = Paths().finetuned if form == "pytorch" else Path("models/exported") / form
+    goals = goals_of(rows, form, tokenize_ms(folder, pairs))
+    command = "python -m benchmarks.load " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.out.write_text(report(rows, soak_row, statuses, form, goals, settings, command.strip()))
+    print("\n".join(goals.values()))
+    print(f"Wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""tools.serve on a tiny fine-tuned model, served in a subprocess on a free loopback port: its answers equal
+tools.predict's, each bad request gets its 4xx naming the field or limit and the server goes on answering, concurrent
+requests are batched by the engine, SIGTERM answers the requests in flight and exits 0, and a missing or incomplete
+model folder stops start-up with one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from finetune.train.loop import train
+from tests.helpers import REPO, make_project, project_env, reset_accelerate, tiny_params
+from tools.predict import predict
+
+PAIRS = [("The cat sat on the mat.", "A cat was sitting on the mat."),
+         ("Shares fell sharply on Monday.", "The court rejected the appeal."), ("He won.", "He lost.")]
+LIMITS = ["--max-examples", "4", "--max-body-bytes", "20000"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_raw, tiny_checkpoint, tmp_path_factory) -> Path:
+    """A fine-tuned tiny MRPC model folder (weights, tokenizer, task.json)."""
+    params = tiny_params(train={"max_steps": 2})
+    paths = make_project(tmp_path_factory.mktemp("serve"), params, tiny_raw, tiny_checkpoint)
+    train(params, paths)
+    reset_accelerate()
+    return paths.trained
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tools.serve", *map(str, args)]
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    """``(port, process, log file)`` of the server of ``model`` (pytorch form), batching up to 8 requests for up
+    to 0.2 s, at debug level (it logs each batch's size)."""
+    port, log = free_port(), tmp_path_factory.mktemp("log") / "serve.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            serve_command("--form", "pytorch", "--model", model, "--port", port, "--max-batch-size", 8,
+                          "--batch-timeout", 0.2, "--log-level", "debug", *LIMITS),
+            cwd=REPO, env=project_env(), stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.3)
+    assert process.poll() is None, log.read_text()
+    yield port, process, log
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def post(port: int, body) -> tuple[int, dict]:
+    """POST ``body`` (bytes as they are, else as JSON) to /predict: the status and the JSON answer."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def as_inputs(pairs) -> list[dict]:
+    return [{"text": a, "text_pair": b} for a, b in pairs]
+
+
+@pytest.mark.e2e
+def test_answers_equal_tools_predict_whatever_the_batching(server, model, tmp_path):
+    port, _, _ = server
+    file = tmp_path / "pairs.csv"
+    pd.DataFrame(PAIRS, columns=["sentence1", "sentence2"]).to_csv(file, index=False)
+    expected = predict(file, model)
+    reset_accelerate()
+
+    status, together = post(port, {"inputs": as_inputs(PAIRS)})
+    assert status == 200, together
+    with ThreadPoolExecutor(len(PAIRS)) as pool:  # one request each, batched by the engine
+        alone = [answer["predictions"][0] for status, answer in
+                 pool.map(lambda pair: post(port, {"inputs": as_inputs([pair])[0]}), PAIRS)]
+    for answers in (together["predictions"], alone):
+        assert [a["label"] for a in answers] == expected["prediction"].tolist()
+        for name in ("not_equivalent", "equivalent"):
+            got = [a["probabilities"][name] for a in answers]
+            assert got == pytest.approx(expected[f"probability_{name}"].tolist(), abs=1e-5)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("body,status,message", [
+    (b'{"inputs": {"text": "a"', 400, "body: not valid JSON"),
+    ({}, 422, "inputs: Field required"),
+    ({"inputs": {"text": "A cat."}}, 422, "inputs.text_pair: missing"),
+    ({"inputs": [{"text": "A cat.", "text_pair": "A dog."}, {"text": "A cat.", "text_pair": 5}]}, 422,
+     "inputs[1].text_pair: expected a string, got int"),
+    ({"inputs": {"text": "  ", "text_pair": "A dog."}}, 422, "row 0: empty text (null, empty or only whitespace)"),
+    ({"inputs": as_inputs(PAIRS * 2)}, 422, "inputs: 6 examples, more than the limit of 4 per request"),
+    ({"inputs": []}, 422, "inputs: an empty list"),
+    ({"inputs": "A cat."}, 422, 'inputs: expected {"text": "...", "text_pair": "..."}, got str'),
+    ({"inputs": {"text": "A cat.", "text_pair": "A dog."}, "model": "/etc"}, 422, "model: Extra inputs"),
+    ({"inputs": {"text": "A cat. " * 5000, "text_pair": "A dog."}}, 413,
+     "bytes, over the limit of 20000 bytes (--max-body-bytes)"),
+])
+def test_a_bad_request_gets_its_4xx_and_the_server_goes_on(server, body, status, message):
+    port, _, _ = server
+    got, answer = post(port, body)
+    assert (got, message in answer.get("error", "")) == (status, True), answer
+    assert post(port, {"inputs": as_inputs(PAIRS[:1])})[0] == 200
+
+
+@pytest.mark.e2e
+def test_an_over_long_text_is_truncated_not_refused(server):
+    port, _, _ = server
+    status, answer = post(port, {"inputs": {"text": "A cat sat. " * 1500, "text_pair": "A dog."}})
+    assert status == 200 and len(answer["predictions"]) == 1, answer
+
+
+@pytest.mark.e2e
+def test_concurrent_requests_are_batched_by_the_engine(server):
+    port, _, log = server
+    with ThreadPoolExecutor(8) as pool:
+        statuses = [status for status, _ in pool.map(lambda i: post(port, {"inputs": as_inputs(PAIRS[:1])}),
+                                                     range(8))]
+    assert statuses == [200] * 8
+    sizes = [int(line.split("batch: ")[1].split()[0]) for line in log.read_text().splitlines() if "batch: " in line]
+    assert max(sizes) > 1, sizes
+
+
+@pytest.mark.e2e
+def test_sigterm_answers_the_requests_in_flight_and_exits_0(server):
+    port, process, log = server
+    with ThreadPoolExecutor(6) as pool:
+        answers = [pool.submit(post, port, {"inputs": as_inputs(PAIRS)}) for _ in range(6)]
+        time.sleep(0.1)  # accepted, waiting for their batch (--batch-timeout 0.2)
+        process.send_signal(signal.SIGTERM)
+        statuses = [answer.result()[0] for answer in answers]
+    assert statuses == [200] * 6
+    assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+
+
+def test_a_missing_or_incomplete_model_folder_stops_start_up_with_one_line(model, tmp_path):
+    incomplete = tmp_path / "incomplete"
+    shutil.copytree(model, incomplete)
+    (incomplete / "model.safetensors").unlink()
+    cases = [(["--form", "onnx-fp32", "--exported", tmp_path / "none"],
+              f"ERROR: {tmp_path / 'none' / 'onnx-fp32'}: not found; add onnx-fp32 to export.forms"),
+             (["--form", "pytorch", "--model", incomplete], f"ERROR: {incomplete}: incomplete (")]
+    for args, start in cases:
+        done = subprocess.run(serve_command(*args, "--port", free_port()), cwd=REPO, env=project_env(),
+                              capture_output=True, text=True, timeout=120)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and lines[-1].startswith(start), done.stderr[-2000:]
+        assert "dvc repro" in lines[-1] and "Traceback" not in done.stderr
