@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -74,6 +75,20 @@ def tiny_tokenized(tiny_raw, tokenizer, tmp_path_factory):
     tokenize(tiny_raw, tokenizer, 128, glue_task("mrpc").text_columns).save_to_disk(str(folder))
     glue_task("mrpc").save(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_finetuned(tiny_raw, tiny_checkpoint, tmp_path_factory) -> Path:
+    """A tiny MRPC model fine-tuned for 2 steps (models/trained: weights, tokenizer, task.json); read it, don't
+    change it."""
+    from finetune.train.loop import train
+    from tests.helpers import make_project
+
+    params = tiny_params(train={"max_steps": 2})
+    paths = make_project(tmp_path_factory.mktemp("finetuned"), params, tiny_raw, tiny_checkpoint)
+    train(params, paths)
+    reset_accelerate()
+    return paths.trained
 
 
 @pytest.fixture

@@ -18,9 +18,8 @@ from finetune.data.loading import FILE_FORMATS, WRITE_FORMATS, load_files
 from finetune.errors import ParamsError
 from finetune.params import Params
 from finetune.runtime import run_stage
-from finetune.train.loop import train
 from stages.tokenize import tokenize_splits
-from tests.helpers import reset_accelerate, tiny_params
+from tests.helpers import tiny_params
 from tools.predict import main, predict
 
 PAIRS = pd.DataFrame({"sentence1": ["The cat sat on the mat.", "Shares fell sharply.", "He won."],
@@ -28,15 +27,8 @@ PAIRS = pd.DataFrame({"sentence1": ["The cat sat on the mat.", "Shares fell shar
 
 
 @pytest.fixture(scope="module")
-def model(tiny_raw, tiny_checkpoint, tmp_path_factory) -> Path:
-    """A fine-tuned tiny MRPC model folder (models/trained: weights, tokenizer, task.json)."""
-    from tests.helpers import make_project
-
-    params = tiny_params(train={"max_steps": 2})
-    paths = make_project(tmp_path_factory.mktemp("predict"), params, tiny_raw, tiny_checkpoint)
-    train(params, paths)
-    reset_accelerate()
-    return paths.trained
+def model(tiny_finetuned) -> Path:
+    return tiny_finetuned
 
 
 @pytest.fixture

@@ -20,8 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from finetune.train.loop import train
-from tests.helpers import REPO, make_project, project_env, reset_accelerate, tiny_params
+from tests.helpers import REPO, project_env, reset_accelerate
 from tools.predict import predict
 from tools.serve import main as serve_main
 
@@ -31,13 +30,8 @@ LIMITS = ["--max-examples", "4", "--max-body-bytes", "20000"]
 
 
 @pytest.fixture(scope="module")
-def model(tiny_raw, tiny_checkpoint, tmp_path_factory) -> Path:
-    """A fine-tuned tiny MRPC model folder (weights, tokenizer, task.json)."""
-    params = tiny_params(train={"max_steps": 2})
-    paths = make_project(tmp_path_factory.mktemp("serve"), params, tiny_raw, tiny_checkpoint)
-    train(params, paths)
-    reset_accelerate()
-    return paths.trained
+def model(tiny_finetuned) -> Path:
+    return tiny_finetuned
 
 
 def free_port() -> int:

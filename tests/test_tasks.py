@@ -328,14 +328,8 @@ def test_predict_names_a_missing_column(finetuned_mrpc, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def finetuned_mrpc(tiny_raw, tiny_checkpoint, tmp_path_factory):
-    from tests.helpers import make_project
-
-    params = tiny_params(train={"max_steps": 2})
-    paths = make_project(tmp_path_factory.mktemp("mrpc"), params, tiny_raw, tiny_checkpoint)
-    train(params, paths)
-    reset_accelerate()
-    return paths.trained
+def finetuned_mrpc(tiny_finetuned):
+    return tiny_finetuned
 
 
 def test_predict_command_writes_the_csv(finetuned_mrpc, tmp_path, caplog):

@@ -247,18 +247,10 @@ def bucket(rows: int, max_rows: int) -> int:
 
 
 def load_model(form: str, folder: Path):
-    """The classifier of ``form`` in ``folder`` (its registry loader; ``pytorch``: the fine-tuned model), in eval
-    mode.
+    """The classifier of ``form`` in ``folder`` (``finetune.export.forms.load_form``), in eval mode."""
+    from finetune.export.forms import load_form
 
-    Raises:
-        ExportError: the form's runtime is missing or its folder lacks the model file.
-        CheckpointError: a PyTorch folder lacks config, weights or tokenizer.
-    """
-    from finetune.export.registry import resolve
-    from finetune.modeling import load_finetuned
-
-    model = load_finetuned(folder) if form == PYTORCH else resolve(FORMS[form].load)(folder)
-    return model.eval()
+    return load_form(form, folder, folder.parent).eval()
 
 
 def default_form(metrics: Path = EXPORT_METRICS) -> str:
