@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,7 +17,14 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the Hub is never reached from the tests
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tests.helpers import make_checkpoint, make_raw, reset_accelerate, tiny_params, write_hub_folder  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    make_checkpoint,
+    make_raw,
+    reset_accelerate,
+    run,
+    tiny_params,
+    write_hub_folder,
+)
 
 
 def pytest_configure(config):
@@ -106,3 +120,51 @@ def tiny_project(tiny_raw, tiny_checkpoint, tmp_path):
 def fresh_accelerator_state():
     yield
     reset_accelerate()
+
+
+def postgres_program(name: str) -> str | None:
+    """PostgreSQL's ``name`` (initdb, pg_ctl, createdb): on PATH, else the newest under /usr/lib/postgresql/*/bin."""
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(Path(p).parts[-3]))
+    return shutil.which(name) or (found[-1] if found else None)
+
+
+@pytest.fixture
+def postgres():
+    """A throwaway PostgreSQL server on 127.0.0.1 (a free port, no Unix socket outside its folder), its data in a
+    temp folder, with a database ``optuna`` owned by the user ``optuna`` (password auth): yields the URL
+    ``postgresql://optuna:<password>@127.0.0.1:<port>/optuna``. Stopped (``pg_ctl stop -m immediate``) and removed
+    after the test, whatever happened. PostgreSQL refuses to run as root: as root, initdb and the server run as the
+    ``postgres`` user, which owns the folder. Skips where initdb, pg_ctl or createdb is missing."""
+    programs = {name: postgres_program(name) for name in ("initdb", "pg_ctl", "createdb")}
+    if not all(programs.values()):
+        pytest.skip(f"no PostgreSQL server programs ({', '.join(n for n, p in programs.items() if not p)} neither on "
+                    "PATH nor under /usr/lib/postgresql/*/bin): apt-get install postgresql")
+    as_postgres = []
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("PostgreSQL refuses to run as root, and there is no postgres user to run it as")
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+    folder = Path(tempfile.mkdtemp(prefix="postgres-"))  # not under tmp_path: pytest keeps its parents root's only
+    data, password = folder / "data", secrets.token_hex(8)
+    (folder / "password").write_text(password)
+    if as_postgres:
+        for path in (folder, folder / "password"):
+            shutil.chown(path, "postgres")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    try:
+        run([*as_postgres, programs["initdb"], "-D", str(data), "-U", "optuna", f"--pwfile={folder / 'password'}",
+             "--auth=scram-sha-256", "--no-sync"], folder)
+        run([*as_postgres, programs["pg_ctl"], "start", "-w", "-D", str(data), "-l", str(folder / "server.log"), "-o",
+             f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories='{folder}' -c fsync=off"], folder)
+        run([programs["createdb"], "-h", "127.0.0.1", "-p", str(port), "-U", "optuna", "optuna"], folder,
+            {**os.environ, "PGPASSWORD": password})
+        yield f"postgresql://optuna:{password}@127.0.0.1:{port}/optuna"
+    finally:
+        if data.is_dir():
+            subprocess.run([*as_postgres, programs["pg_ctl"], "stop", "-D", str(data), "-m", "immediate"],
+                           capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)

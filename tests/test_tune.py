@@ -1,6 +1,7 @@
 """The search (tools.tune): bad search spaces stop before any trial, the loop's hook reports to a trial and its
 pruner stops the run, and, end to end in a temp git repo with tiny params, a study whose trials are DVC experiments:
-its report and recipe, two workers on one storage, a kill and a resume.
+its report and recipe, two workers on one storage, a kill and a resume, and two machines sharing a study through a
+throwaway PostgreSQL server (and a database that is down: one line, nothing lost).
 """
 
 from __future__ import annotations
@@ -8,12 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import optuna
 import pytest
@@ -28,6 +33,7 @@ from finetune.train.trial import open_storage, trial_env
 from tests.helpers import (
     FEATURES,
     REPO,
+    dvc,
     exp_show,
     make_project,
     make_split,
@@ -42,7 +48,7 @@ from tests.helpers import (
 )
 from tools.recipe import load_recipe
 from tools.search_space import load_space
-from tools.tune import connect, settle_study
+from tools.tune import FINISHED, connect, database_url, settle_study
 from tools.tune import main as tune_main
 
 PARAMS = tiny_params().model_dump()
@@ -138,6 +144,43 @@ def test_workers_starting_together_on_a_new_database_all_connect(tmp_path, monke
         for thread in threads:
             thread.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("given, opened", [
+    ("postgresql://u:p@db.example:5432/optuna", "postgresql+psycopg://u:p@db.example:5432/optuna?connect_timeout=10"),
+    ("postgresql://u@db/optuna?connect_timeout=3", "postgresql+psycopg://u@db/optuna?connect_timeout=3"),
+    ("postgresql+psycopg2://u@db/optuna", "postgresql+psycopg2://u@db/optuna"),  # a driver named: kept
+    ("sqlite:////tmp/studies.db", "sqlite:////tmp/studies.db"),
+])
+def test_a_plain_postgresql_url_opens_with_the_locked_driver(given, opened):
+    assert database_url(given) == opened
+
+
+def test_a_database_that_is_down_stops_with_one_line_and_the_local_study_stays(tmp_path, monkeypatch, caplog):
+    import tools.tune
+
+    monkeypatch.setattr(tools.tune, "time", SimpleNamespace(sleep=lambda s: None))  # connect's retries at once
+    monkeypatch.chdir(tmp_path)  # a project: params.yaml, the space, a local study and its report
+    shutil.copy(REPO / "params.yaml", tmp_path)
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    (tmp_path / ".tune").mkdir()
+    local = f"sqlite:///{tmp_path / '.tune/studies.db'}"
+    optuna.create_study(study_name="rte", storage=local).add_trial(optuna.trial.create_trial(value=0.5))
+    report = tmp_path / "metrics/search/rte/trials.md"
+    report.parent.mkdir(parents=True)
+    report.write_text("the local study's report")
+    with socket.socket() as probe:  # a free port: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(SystemExit) as stop:
+        tune_main(["--space", "configs/search/rte.yaml",
+                   "--storage", f"postgresql://optuna:s3cret@127.0.0.1:{port}/optuna"])
+    message = str(stop.value)
+    assert message.startswith(f"tools.tune: cannot open the storage postgresql+psycopg://optuna:***@127.0.0.1:{port}/"
+                              "optuna?connect_timeout=10: connection failed") and "Connection refused" in message
+    assert len(message.splitlines()) == 1 and "s3cret" not in message + caplog.text
+    assert [t.value for t in optuna.load_study(study_name="rte", storage=local).trials] == [0.5]
+    assert report.read_text() == "the local study's report"
 
 
 def test_pruner_stops_the_run_and_train_json_says_so(tiny_project, tmp_path, monkeypatch):
@@ -287,3 +330,87 @@ def test_killed_search_resumes_and_retries_the_interrupted_trial(project):
     assert len(retried) == 1 and retried[0].params == trials[0].params and retried[0].state.name != "RUNNING"
     assert len(trials) == 2  # --trials counts the failed one
     assert "retry of trial 0" in (project / "metrics/search/killed/trials.md").read_text()
+
+
+@pytest.mark.e2e
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # retried_trial_number
+def test_machines_share_a_study_through_postgresql_and_their_experiments_through_git(project, postgres, tmp_path):
+    # Two clones of the project act as two machines: one study in PostgreSQL (the plain postgresql:// URL a user
+    # writes), one bare git origin and one folder DVC remote. Machine a is killed mid-trial (its process group: no
+    # clean-up at all); b, started once a's heartbeat has been silent for --grace, fails that trial and retries its
+    # configuration; a comes back and runs a trial of its own. A third clone pulls every experiment and writes the
+    # report from the database alone. --timeout 1 makes each worker start one trial (see the two-worker test above),
+    # so the study ends at exactly --trials 3: the killed trial, its retry and a's new one.
+    origin, remote = tmp_path / "origin.git", tmp_path / "dvc-remote"
+    run(["git", "clone", "-q", "--bare", str(project), str(origin)], tmp_path)
+    run(dvc("remote", "add", "--local", "seed", str(remote)), project)  # the project's data, for the clones
+    run(dvc("push", "-r", "seed"), project)
+    run(dvc("remote", "remove", "--local", "seed"), project)
+
+    def machine(name: str, data: bool = True) -> Path:
+        path = tmp_path / name
+        run(["git", "clone", "-q", str(origin), str(path)], tmp_path)
+        run(dvc("remote", "add", "--local", "-d", "storage", str(remote)), path)
+        if data:  # the baseline's outputs into the cache, for the trials' `dvc exp run --temp` to check out
+            run(dvc("fetch"), path)
+        return path
+
+    def worker(root: Path) -> subprocess.Popen:
+        with open(root / "tune.out", "a") as out:
+            return subprocess.Popen(args, cwd=root, start_new_session=True, stdout=out, stderr=subprocess.STDOUT,
+                                    env=project_env())
+
+    def wait_for(what: str, ready, root: Path, timeout: float = 240):
+        deadline = time.time() + timeout
+        while not (found := ready()):
+            if time.time() > deadline:
+                pytest.fail(f"{what}: not after {timeout} s; its output:\n{(root / 'tune.out').read_text()[-3000:]}")
+            time.sleep(0.5)
+        return found
+
+    a, b = machine("a"), machine("b")
+    args = tune("--study", "shared", "--trials", "3", "--storage", postgres, "--heartbeat", "1", "--grace", "2",
+                "--timeout", "1")
+    study = partial(optuna.load_study, study_name="shared", storage=database_url(postgres))
+    retry_of = optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number
+    first_a = worker(a)
+    log = wait_for("a's trial training", lambda: next(
+        (f for f in (a / ".tune/logs").glob("shared-*.log") if "Running stage 'train'" in f.read_text()), None), a)
+    os.killpg(first_a.pid, signal.SIGKILL)
+    first_a.wait()
+    [killed] = study().trials
+    assert killed.state.name == "RUNNING" and log.stem == f"shared-{killed.number}"
+    time.sleep(3)  # longer than --grace: a's trial is stale
+    worker_b = worker(b)
+    wait_for("b retrying a's trial", lambda: any(retry_of(t) == killed.number for t in study().trials), b)
+    second_a = worker(a)  # back, after b took the retry
+    for process, root in ((worker_b, b), (second_a, a)):
+        assert process.wait(timeout=600) == 0, (root / "tune.out").read_text()[-3000:]
+
+    trials = study().trials
+    assert len(trials) == 3 and all(t.state in FINISHED for t in trials)  # the study reached --trials
+    assert trials[killed.number].state.name == "FAIL"
+    [retry] = [t for t in trials if retry_of(t) == killed.number]  # retried once, by b, the same configuration
+    assert retry.params == killed.params
+    workers = {t.number: t.user_attrs["worker"].rsplit(":", 1)[1] for t in trials}
+    assert workers == {killed.number: str(first_a.pid), retry.number: str(worker_b.pid),
+                       ({0, 1, 2} - {killed.number, retry.number}).pop(): str(second_a.pid)}
+    ran = {f"shared-{t.number}": t for t in trials if t.number != killed.number}  # a trial that ran has its experiment
+
+    for root in (a, b):
+        run(dvc("exp", "push", "origin"), root)
+    collector = machine("collector", data=False)
+    run(dvc("exp", "pull", "origin"), collector)
+    shown = exp_show(collector)
+    for name, trial in ran.items():
+        train_params = shown[name]["params"]["params.yaml"]["data"]["train"]
+        assert train_params["lr"] == pytest.approx(trial.params["train.lr"])
+        assert train_params["scheduler"] == trial.params["train.scheduler"]
+        validation = shown[name]["metrics"]["metrics/eval.json"]["data"]["validation"]
+        assert validation["f1"] == pytest.approx(trial.user_attrs["seed_7"]["value"])
+    out = run([*args, "--report"], collector)
+    assert "dvc exp run" not in out and urlsplit(postgres).password not in out  # the password: never shown
+    table = squeeze((collector / "metrics/search/shared/trials.md").read_text())
+    for trial in trials:
+        assert f"| {trial.number} | {trial.state.name} |" in table
+    assert f"retry of trial {killed.number}" in table

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 import optuna
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from finetune.errors import ParamsError
 from finetune.params import PARAMS_FILE
@@ -45,6 +47,7 @@ log = logging.getLogger("tools.tune")
 TUNE_DIR = Path(".tune")  # the default storage and the trials' logs; git-ignored
 REPORTS = Path("metrics/search")
 MAX_FAILURES_IN_A_ROW = 3
+CONNECT_TIMEOUT = 10  # seconds a PostgreSQL connection may take (database_url)
 BIN = Path(sys.executable).parent  # this environment's dvc, python and accelerate, activated or not
 
 
@@ -158,6 +161,27 @@ def duplicate_of(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
     return None
 
 
+def database_url(url: str) -> str:
+    """``url`` as the search opens it: a ``postgresql://`` URL without a driver gets psycopg 3, the tune extra's
+    (``postgresql+psycopg://``; SQLAlchemy's default, psycopg2, is not installed), and a ``connect_timeout`` of
+    ``CONNECT_TIMEOUT`` seconds unless it names one (libpq waits for an unreachable host as long as TCP does). Any
+    other URL is returned unchanged.
+
+    Raises:
+        sqlalchemy.exc.ArgumentError: not a database URL (the message does not repeat it: it may hold a password).
+    """
+    parsed = make_url(url)
+    if parsed.drivername != "postgresql":
+        return url
+    query = {"connect_timeout": str(CONNECT_TIMEOUT), **parsed.query}
+    return parsed.set(drivername="postgresql+psycopg", query=query).render_as_string(hide_password=False)
+
+
+def shown(url: str) -> str:
+    """``url`` with its password as ``***``, for messages and logs."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def connect(args: argparse.Namespace, attempts: int = 5):
     """``args.storage`` opened with the heartbeat. Workers started together on a new database race to create its
     tables (SQLite: "table studies already exists" in all but one); the losers try again after a second or two.
@@ -165,21 +189,31 @@ def connect(args: argparse.Namespace, attempts: int = 5):
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database still fails after ``attempts`` tries (a bad URL, no server).
     """
-    import sqlalchemy
-
     for attempt in range(1, attempts + 1):
         try:
             return open_storage(args.storage, args.heartbeat, args.grace)
-        except sqlalchemy.exc.SQLAlchemyError as err:
+        except SQLAlchemyError as err:
             if attempt == attempts:
                 raise
-            log.info("Storage %s not ready (%s); trying again", args.storage, type(err).__name__)
+            log.info("Storage %s not ready (%s); trying again", shown(args.storage), type(err).__name__)
             time.sleep(1 + random.random())
 
 
 def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
-    """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none)."""
-    storage = connect(args)
+    """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none).
+
+    Raises:
+        SystemExit: the storage cannot be opened (no server, a refused login, no driver): one line naming its URL,
+            password hidden. Nothing else is opened or written, the default local study included.
+    """
+    try:
+        storage = connect(args)
+    except SQLAlchemyError as err:
+        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        raise SystemExit(f"tools.tune: cannot open the storage {shown(args.storage)}: {reason}") from None
+    except ImportError as err:
+        raise SystemExit(f"tools.tune: cannot open the storage {shown(args.storage)}: its driver is not installed "
+                         f"({err.__cause__ or err})") from None
     sampler = optuna.samplers.TPESampler(n_startup_trials=args.random_trials, seed=args.sampler_seed)
     return optuna.create_study(study_name=args.study, storage=storage, direction=direction, sampler=sampler,
                                pruner=make_pruner(args.prune_after_trials, args.prune_from), load_if_exists=True)
@@ -223,8 +257,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=20, help="trials of the study that finish (complete, pruned "
                         "or failed), all workers together")
     parser.add_argument("--study", help="the study's name, prefix of its experiments' (default: the space's name)")
-    parser.add_argument("--storage", help="an Optuna database URL shared by workers, e.g. postgresql://user@host/db "
-                        f"(default: sqlite under {TUNE_DIR}/)")
+    parser.add_argument("--storage", help="an Optuna database URL shared by workers, e.g. "
+                        f"postgresql://user:password@host/db (default: sqlite under {TUNE_DIR}/)")
     parser.add_argument("--seeds", type=int, nargs="+", help="score a configuration by the mean over these "
                         "train.seed values, one experiment each (default: the study's, or params.yaml's train.seed)")
     parser.add_argument("--metric", help="the validation metric (default: train.metric_for_best, the task's main one)")
@@ -243,7 +277,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.study = args.study or Path(args.space).stem
     args.prune_after_trials = None if args.pruner == "none" else args.prune_after_trials
-    args.storage = args.storage or f"sqlite:///{(TUNE_DIR / 'studies.db').resolve()}"
+    try:
+        args.storage = database_url(args.storage or f"sqlite:///{(TUNE_DIR / 'studies.db').resolve()}")
+    except ArgumentError as err:
+        parser.error(f"--storage: {err}")
     return args
 
 
@@ -264,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.report and finished(study) < args.trials:
         log.info("Study %s (%s, %s validation.%s): %d of %d trials finished; storage %s", args.study,
                  direction, "mean over seeds " + " ".join(map(str, args.seeds)), metric, finished(study), args.trials,
-                 args.storage)
+                 shown(args.storage))
         stop = optuna.study.MaxTrialsCallback(args.trials, states=FINISHED)
         try:
             study.optimize(Objective(args, space, metric), callbacks=[stop], timeout=args.timeout,
