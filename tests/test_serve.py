@@ -169,3 +169,15 @@ def test_a_missing_or_incomplete_model_folder_stops_start_up_with_one_line(model
             serve_main([*map(str, args), "--port", str(free_port())])
         message = str(exit_.value.code)
         assert message.startswith(start) and "\n" not in message and "dvc repro" in message, message
+
+
+def test_the_gpu_serves_the_pytorch_form_only_and_needs_a_gpu(model):
+    import torch
+
+    cases = [(["--form", "onnx-fp32"], "ERROR: --device cuda: serves the pytorch form only")]
+    if not torch.cuda.is_available():
+        cases.append((["--form", "pytorch", "--model", str(model)], "ERROR: --device cuda: torch "))
+    for args, start in cases:  # checked before any model loads or server starts
+        with pytest.raises(SystemExit) as exit_:
+            serve_main([*args, "--device", "cuda", "--port", str(free_port())])
+        assert str(exit_.value.code).startswith(start), exit_.value.code

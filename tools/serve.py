@@ -5,6 +5,7 @@ that prepares ``tools.predict``'s files.
     python -m tools.serve                         # metrics/export.json's fastest_at_parity form, 127.0.0.1:8000
     python -m tools.serve --form onnx-fp32 --max-batch-size 32 --batch-timeout 0.001
     python -m tools.serve --form pytorch          # models/finetuned as trained, fp32
+    python -m tools.serve --form pytorch --device cuda  # the same on the GPU, in bf16 (fp16 where it lacks bf16)
     python -m tools.serve --exported served       # a folder of forms: dvc artifacts get . text-classifier-served ...
     curl -s localhost:8000/predict -H 'Content-Type: application/json' \\
       -d '{"inputs": {"text": "The cat sat on the mat.", "text_pair": "A cat was sitting on the mat."}}'
@@ -154,7 +155,8 @@ class FormAPI(ls.LitAPI):
     """The model of ``form`` in ``folder``: each batch of requests tokenized with the folder's tokenizer
     (truncated to the model's length), sorted by length and run in chunks of at most ``max_batch_size`` examples,
     each padded to a multiple of ``pad_multiple`` tokens and filled up to a ``row_buckets`` size, so few input shapes
-    occur."""
+    occur. On a CUDA device (the engine's ``accelerator="cuda"``; the ``pytorch`` form only) the model runs in
+    ``gpu_dtype``."""
 
     def __init__(self, form: str, folder: Path, pad_multiple: int, log_level: str, **batching):
         super().__init__(**batching)
@@ -176,6 +178,9 @@ class FormAPI(ls.LitAPI):
         self.max_length = truncation_length(self.tokenizer, None, position_limit(
             AutoConfig.from_pretrained(self.folder)))
         self.model = load_model(self.form, self.folder)
+        self.model_device = device  # the engine's: "cpu" or "cuda:<n>"
+        if device.startswith("cuda"):
+            self.model.to(device, dtype=gpu_dtype())
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -217,9 +222,10 @@ class FormAPI(ls.LitAPI):
                 filled = [*chunk, *[chunk[-1]] * (bucket(len(chunk), self.max_batch_size) - len(chunk))]
                 batch = self.tokenizer.pad({key: [values[i] for i in filled] for key, values in encoded.items()},
                                            pad_to_multiple_of=self.pad_multiple, return_tensors="pt")
+                batch = batch.to(self.model_device)
                 out = self.model(**batch).logits.float()  # rows past the chunk's repeat its last: dropped
                 for i, row in enumerate(chunk):
-                    logits[row] = out[i]
+                    logits[row] = out[i].cpu()
         return torch.stack(logits)
 
     def _answers(self, logits) -> list[dict]:
@@ -244,6 +250,13 @@ def row_buckets(max_rows: int) -> list[int]:
 def bucket(rows: int, max_rows: int) -> int:
     """The smallest of ``row_buckets(max_rows)`` that holds ``rows``."""
     return next(size for size in row_buckets(max_rows) if size >= rows)
+
+
+def gpu_dtype():
+    """bf16 where the GPU computes it, else fp16: the dtype of a model served on ``cuda``."""
+    import torch
+
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
 def load_model(form: str, folder: Path):
@@ -341,12 +354,13 @@ def outlive_sigterm() -> None:
 
 def serve(form: str | None, model_dir: Path, exported: Path, host: str, port: int, max_batch_size: int,
           batch_timeout: float, max_examples: int, max_body_bytes: int, pad_multiple: int,
-          log_level: str = "info") -> None:
-    """Serve ``form`` (None: ``default_form``) until SIGTERM or Ctrl-C.
+          log_level: str = "info", device: str = "cpu") -> None:
+    """Serve ``form`` (None: ``default_form``) on ``device`` until SIGTERM or Ctrl-C.
 
     Raises:
         ExportError: the form is unknown, not exported or incomplete (one line naming its folder and the command
             that makes it), or metrics/export.json names none when ``form`` is None.
+        PipelineError: ``device`` is ``cuda`` for a form other than ``pytorch``, or torch sees no CUDA GPU.
     """
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
@@ -354,14 +368,22 @@ def serve(form: str | None, model_dir: Path, exported: Path, host: str, port: in
     from finetune.tasks import Task
 
     form = form or default_form()
+    if device == "cuda":
+        import torch
+
+        if form != PYTORCH:
+            raise PipelineError(f"--device cuda: serves the {PYTORCH} form only (the exported forms are CPU "
+                                f"runtimes); add --form {PYTORCH}")
+        if not torch.cuda.is_available():
+            raise PipelineError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU")
     folder = checked_folder(form, model_dir, exported)
     task = Task.load(folder)
     PredictRequest.limits = Limits(len(task.text_columns) == 2, max_examples, max_body_bytes)
     api = FormAPI(form, folder, pad_multiple, log_level, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-    metadata = {"form": form, "folder": str(folder), "task": task.name, "labels": task.label_names,
+    metadata = {"form": form, "device": device, "folder": str(folder), "task": task.name, "labels": task.label_names,
                 "max_batch_size": max_batch_size, "batch_timeout_s": batch_timeout, "max_examples": max_examples,
                 "max_body_bytes": max_body_bytes, "pad_to_multiple_of": pad_multiple}
-    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=60,
+    server = ls.LitServer(api, accelerator=device, devices=1, workers_per_device=1, timeout=60,
                           middlewares=[(BodyLimit, {"max_bytes": max_body_bytes})], model_metadata=metadata)
 
     async def refused(request, err: RequestValidationError) -> JSONResponse:
@@ -376,8 +398,8 @@ def serve(form: str | None, model_dir: Path, exported: Path, host: str, port: in
 
     server.app.add_exception_handler(RequestValidationError, refused)
     drain_on_sigterm(server)
-    log.info("Serving %s (%s) on http://%s:%d/predict: batches of up to %d requests, waiting up to %g s", form, folder,
-             host, port, max_batch_size, batch_timeout)
+    log.info("Serving %s (%s) on %s, http://%s:%d/predict: batches of up to %d requests, waiting up to %g s", form,
+             folder, device, host, port, max_batch_size, batch_timeout)
     server.run(host=host, port=port, log_level=log_level, generate_client_file=False, access_log=False)
 
 
@@ -398,12 +420,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="bytes per request body")
     parser.add_argument("--pad-to-multiple-of", type=positive_int, default=16,
                         help="pad each batch's length to a multiple of this (few input shapes)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="cuda: the pytorch form on the GPU in bf16 (fp16 where the GPU lacks bf16)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
 
     def run() -> None:
         serve(args.form, args.model, args.exported, args.host, args.port, args.max_batch_size, args.batch_timeout,
-              args.max_examples, args.max_body_bytes, args.pad_to_multiple_of, args.log_level)
+              args.max_examples, args.max_body_bytes, args.pad_to_multiple_of, args.log_level, args.device)
 
     run_stage(run)
 
