@@ -123,6 +123,7 @@ class TrainParams(_Section):
     save_total_limit: PositiveInt | None  # checkpoints kept in models/checkpoints, newest first (null: all)
     resume: StrictBool  # continue from the last checkpoint in models/checkpoints when it matches these params
     accelerate_config: str = Field(min_length=1)  # `accelerate launch --config_file` of the train and evaluate stages
+    ddp_timeout: PositiveInt  # seconds a process waits for the others in a collective before its stage fails
     mixed_precision: Literal["auto", "no", "fp16", "bf16"]  # auto: see resolve_mixed_precision
     log_every: PositiveInt  # optimizer steps between DVCLive logs of train loss and learning rate
     group_by_length: StrictBool  # batches of similar lengths (transformers' LengthGroupedSampler)

@@ -1,5 +1,5 @@
-"""How a stage runs: logging, signals and expected errors; ``accelerate launch`` for a multi-process config; the
-Accelerator and CPU threads; atomic writes; file hashes; YAML 1.2 as DVC reads it.
+"""How a stage runs: logging, signals and expected errors; the Accelerator and CPU threads; atomic writes; file
+hashes; YAML 1.2 as DVC reads it.
 """
 
 from __future__ import annotations
@@ -47,24 +47,6 @@ def run_stage(main: Callable[[], Any]) -> None:
 INTERRUPTED = "interrupted (Ctrl-C)"
 
 
-LAUNCHED = "FINETUNE_ACCELERATE_LAUNCHED"  # set in the processes `accelerate launch` started for a stage
-
-
-def launch_if_distributed(module: str, accelerate_config: str | Path) -> None:
-    """Replace this process with ``accelerate launch --config_file <accelerate_config> -m <module>`` when the
-    config asks for several processes or machines or a distributed type; return otherwise and in launched processes
-    (https://huggingface.co/docs/accelerate/package_reference/cli#accelerate-launch)."""
-    config = yaml_reader().load(Path(accelerate_config).read_text()) or {}
-    distributed = str(config.get("distributed_type", "NO")).upper() != "NO" or \
-        int(config.get("num_processes") or 1) > 1 or int(config.get("num_machines") or 1) > 1
-    if not distributed or os.environ.get(LAUNCHED) or "LOCAL_RANK" in os.environ:  # LOCAL_RANK: started by torchrun
-        return
-    os.environ[LAUNCHED] = "1"
-    sys.stdout.flush(), sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "accelerate.commands.launch", "--quiet", "--config_file",
-                              str(accelerate_config), "-m", module])
-
-
 def setup_logging() -> None:
     """Log to stderr with time, level and logger name; quiet the HTTP and lock libraries."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -88,15 +70,21 @@ def set_cpu_threads(num_threads: int | None) -> int:
     return num_threads
 
 
-def make_accelerator(**kwargs):
+def make_accelerator(ddp_timeout: int | None = None, **kwargs):
     """``accelerate.Accelerator(**kwargs)``, on the CPU (a gloo process group) when torchrun started several
     processes and there is no GPU (configs/accelerate/cpu_2proc.yaml; accelerate's own multi-CPU path needs MPI).
+    ``ddp_timeout``: seconds a collective waits for the other processes before it raises (torch.distributed's
+    ``timeout``), so a lost process or machine fails the stage instead of hanging it.
     """
+    from datetime import timedelta
+
     import torch
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    return Accelerator(cpu=world_size > 1 and not torch.cuda.is_available(), **kwargs)
+    handlers = [InitProcessGroupKwargs(timeout=timedelta(seconds=ddp_timeout))] if ddp_timeout else []
+    return Accelerator(cpu=world_size > 1 and not torch.cuda.is_available(), kwargs_handlers=handlers, **kwargs)
 
 
 def peak_memory_mb() -> float:

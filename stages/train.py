@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 
+from finetune.launch import launch_if_distributed
 from finetune.params import load_params
 from finetune.paths import Paths
-from finetune.runtime import launch_if_distributed, run_stage, write_json
+from finetune.runtime import run_stage, write_json
 
 log = logging.getLogger(__name__)
 

@@ -182,7 +182,7 @@ def test_one_model_one_validation_score_under_bf16(tiny_project, monkeypatch):
     reset_accelerate()
     assert metrics["mixed_precision"] == "bf16"
     made, make = [], predictions.make_accelerator
-    monkeypatch.setattr(predictions, "make_accelerator", lambda **kw: made.append(kw) or make(**kw))
+    monkeypatch.setattr(predictions, "make_accelerator", lambda *args, **kw: made.append(kw) or make(*args, **kw))
     validation = evaluate_model(params, paths)["validation"]
     assert made == [{"mixed_precision": "bf16"}]  # the precision training ran in
     assert metrics["best_validation_f1"] == round(validation["f1"], 4)

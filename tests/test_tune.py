@@ -263,7 +263,7 @@ def test_two_workers_share_a_study_whose_trials_are_experiments_and_reported(pro
     # the 2-process case and the study in one: both workers run the same command on the default storage. --timeout 1
     # (start no trial after 1 s) makes it one trial each, 2 in all: without it, a worker that ends its trial before
     # the other has ended its own sees 1 of 2 finished and starts a third (Optuna's MaxTrialsCallback counts when a
-    # trial ends). The --trials count itself stops the "again" run below and the resumed search of the next test.
+    # trial ends). The --trials count itself stops the "again" run below.
     workers = [start(tune("--trials", "2", "--timeout", "1"), project) for _ in range(2)]
     outputs = [w.communicate(timeout=600)[0] for w in workers]
     assert all(w.returncode == 0 for w in workers), outputs
@@ -304,32 +304,6 @@ def test_two_workers_share_a_study_whose_trials_are_experiments_and_reported(pro
     # the same command again: the study is complete, nothing runs, the report is rewritten
     again = run(tune("--trials", "2"), project)
     assert "dvc exp run" not in again and len(load(project).trials) == len(study.trials)
-
-
-@pytest.mark.e2e
-def test_killed_search_resumes_and_retries_the_interrupted_trial(project):
-    args = tune("--study", "killed", "--trials", "2", "--heartbeat", "1", "--grace", "2")
-    worker = subprocess.Popen(args, cwd=project, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.STDOUT, env=project_env())
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until trial 0's experiment is training
-        if (project / ".tune/logs/killed-0.log").exists() and \
-                "Running stage 'train'" in (project / ".tune/logs/killed-0.log").read_text():
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail("trial 0 never reached the train stage")
-    os.killpg(worker.pid, signal.SIGKILL)  # the whole search, its dvc exp run included: no clean-up at all
-    worker.wait()
-    assert [t.state.name for t in load(project, "killed").trials] == ["RUNNING"]
-    time.sleep(3)  # longer than --grace: the dead worker's trial is stale
-    out = run(args, project)
-    trials = load(project, "killed").trials
-    assert trials[0].state.name == "FAIL", out
-    retried = [t for t in trials if optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == 0]
-    assert len(retried) == 1 and retried[0].params == trials[0].params and retried[0].state.name != "RUNNING"
-    assert len(trials) == 2  # --trials counts the failed one
-    assert "retry of trial 0" in (project / "metrics/search/killed/trials.md").read_text()
 
 
 @pytest.mark.e2e

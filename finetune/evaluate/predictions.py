@@ -67,7 +67,8 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
     """
     p = params.evaluate
     set_cpu_threads(params.train.num_threads)
-    accelerator = make_accelerator(mixed_precision=resolve_mixed_precision(params.train.mixed_precision))
+    accelerator = make_accelerator(params.train.ddp_timeout,
+                                   mixed_precision=resolve_mixed_precision(params.train.mixed_precision))
     tokenizer = AutoTokenizer.from_pretrained(paths.trained)
     model = accelerator.prepare(load_finetuned(paths.trained))
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files

@@ -77,7 +77,7 @@ def build_run(params: Params, paths: Paths) -> Run:
     p = params.train
     threads = set_cpu_threads(p.num_threads)
     mixed_precision = resolve_mixed_precision(p.mixed_precision)
-    accelerator = make_accelerator(mixed_precision=mixed_precision,
+    accelerator = make_accelerator(p.ddp_timeout, mixed_precision=mixed_precision,
                                    gradient_accumulation_steps=p.gradient_accumulation_steps)
     set_seed(p.seed)
     tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
