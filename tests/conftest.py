@@ -7,7 +7,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the Hub is never reached from th
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tests.helpers import (  # noqa: E402
+    free_port,
     make_checkpoint,
     make_raw,
     reset_accelerate,
@@ -152,9 +152,7 @@ def postgres():
     if as_postgres:
         for path in (folder, folder / "password"):
             shutil.chown(path, "postgres")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     try:
         run([*as_postgres, programs["initdb"], "-D", str(data), "-U", "optuna", f"--pwfile={folder / 'password'}",
              "--auth=scram-sha-256", "--no-sync"], folder)

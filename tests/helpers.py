@@ -20,6 +20,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
 from finetune.params import Params, validate_params
 from finetune.paths import Paths
+from tests.machines import free_port  # noqa: F401  (a helper of the tests; kept light for the launcher stand-in)
 
 if TYPE_CHECKING:
     import pandas as pd

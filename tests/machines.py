@@ -17,6 +17,7 @@ import sys
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (the tests' servers, databases and machines take it)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

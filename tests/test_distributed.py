@@ -122,7 +122,7 @@ def test_two_machines_train_and_evaluate_as_two_processes_of_one(paths, two_mach
 @pytest.mark.e2e
 def test_a_killed_machine_fails_the_stage_within_the_timeout(two_machines):
     main, other = two_machines
-    long_run = params(one_process_per_machine(main.root.parent), epochs=200, resume=False, ddp_timeout=10)
+    long_run = params(main.root.parent / "one_per_machine.yaml", epochs=200, resume=False, ddp_timeout=10)
     for folder in (main.root, other):
         write_params(folder, long_run)
     env = project_env(FINETUNE_LAUNCHER=f"python -m {MACHINES} --folder {other}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.helpers import REPO, project_env, reset_accelerate
+from tests.helpers import REPO, free_port, project_env, reset_accelerate
 from tools.predict import predict
 from tools.serve import main as serve_main
 
@@ -32,12 +31,6 @@ LIMITS = ["--max-examples", "4", "--max-body-bytes", "20000"]
 @pytest.fixture(scope="module")
 def model(tiny_finetuned) -> Path:
     return tiny_finetuned
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve_command(*args: str) -> list[str]:

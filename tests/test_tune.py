@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -35,6 +34,7 @@ from tests.helpers import (
     REPO,
     dvc,
     exp_show,
+    free_port,
     make_project,
     make_split,
     project_env,
@@ -169,9 +169,7 @@ def test_a_database_that_is_down_stops_with_one_line_and_the_local_study_stays(t
     report = tmp_path / "metrics/search/rte/trials.md"
     report.parent.mkdir(parents=True)
     report.write_text("the local study's report")
-    with socket.socket() as probe:  # a free port: nothing listens there
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # nothing listens there
     with pytest.raises(SystemExit) as stop:
         tune_main(["--space", "configs/search/rte.yaml",
                    "--storage", f"postgresql://optuna:s3cret@127.0.0.1:{port}/optuna"])
