@@ -4,8 +4,9 @@ against each served form of the export stage (finetune/export/make.py), on GLUE 
 Per model and way: batch 1 latency (p50 and p95 over the first ``--latency-pairs`` pairs, tokenizing included, in
 milliseconds) and batch 32 throughput (pairs/s over all 408 pairs, tokenizing included), with validation accuracy
 and F1 where the model is fine-tuned, and each way's ratio to ``pipeline()``. ``pipeline()`` takes the pairs in
-file order, as a user passes them; the forms go through ``tools.predict``'s path (batches sorted by length, so
-padding stays small), shown separately as ``pytorch fp32 (sorted)`` so that the sorting's share is visible.
+file order, as a user passes them; the forms go through ``finetune.inference.Predictor`` as ``tools.predict`` and
+``tools.serve`` do (batches sorted by length, so padding stays small), shown separately as ``pytorch fp32 (sorted)``
+so that the sorting's share is visible.
 
 Per model, ``best at parity`` marks the fastest served way whose accuracy and F1 are within 0.3 points of PyTorch
 fp32 (an untrained head: whose predictions agree on at least 99 % of the pairs), at batch 1 and at batch 32.
@@ -44,10 +45,11 @@ from transformers import AutoTokenizer, pipeline
 from benchmarks.machine import int8_gops, machine, matmul_gflops
 from benchmarks.workspace import check_workspace
 from finetune.data.sources import resolve_checkpoint
-from finetune.export.forms import PYTORCH, load_form
 from finetune.export.make import bf16_unsupported, make_forms
 from finetune.export.registry import FORMS, NATIVE_BF16, unmet
-from finetune.modeling import load_classifier, load_finetuned
+from finetune.inference.predictor import Predictor
+from finetune.inference.runtimes import PYTORCH, form_folder
+from finetune.modeling import load_classifier
 from finetune.params import load_params
 from finetune.paths import Paths, project_path
 from finetune.runtime import markdown_table
@@ -56,21 +58,15 @@ from finetune.tasks import TASK_FILE, Task, glue_task
 HERE = Path(__file__).parent
 
 
-def timed_batches(classifier, tokenizer, pairs: list[tuple[str, str]], batch_size: int, sort: bool):
-    """Logits ``[pairs, num_labels]`` in the pairs' order and each batch's seconds (tokenizing included)."""
-    order = np.argsort([len(a) + len(b) for a, b in pairs], kind="stable") if sort else np.arange(len(pairs))
-    logits, seconds = [None] * len(pairs), []
-    with torch.inference_mode():
-        for start in range(0, len(pairs), batch_size):
-            rows = order[start:start + batch_size]
-            begin = time.perf_counter()
-            batch = tokenizer([pairs[i][0] for i in rows], [pairs[i][1] for i in rows], padding=True,
-                              truncation=True, return_tensors="pt")
-            out = classifier(**batch).logits.float()
-            seconds.append(time.perf_counter() - begin)
-            for i, row in enumerate(rows):
-                logits[row] = out[i]
-    return torch.stack(logits), seconds
+def timed(predictor: Predictor, pairs: list[tuple[str, str]], batch_size: int) -> tuple[torch.Tensor, list[float]]:
+    """Logits ``[pairs, num_labels]`` in the pairs' order and the seconds of each call, tokenizing included: at batch
+    1, one call per pair; else one ``predictor.logits`` call over all pairs, sorted by length in batches."""
+    seconds, logits = [], []
+    for chunk in ([[pair] for pair in pairs] if batch_size == 1 else [pairs]):
+        begin = time.perf_counter()
+        logits.append(predictor.logits(chunk, batch_size=batch_size))
+        seconds.append(time.perf_counter() - begin)
+    return torch.cat(logits), seconds
 
 
 def pipeline_way(model_dir: Path, pairs, batch_size: int):
@@ -98,14 +94,13 @@ def measure(way: str, model_dir: Path, exported: Path, pairs, latency_pairs: int
         _, lat = pipeline_way(model_dir, pairs[:latency_pairs], 1)
         predicted, sec = pipeline_way(model_dir, pairs, 32)
     else:
-        form, sort, autocast = {"pytorch fp32 (sorted)": (PYTORCH, True, False),
-                                "torch bf16 autocast": (PYTORCH, True, True)}.get(way, (way, True, False))
-        classifier = load_form(form, model_dir, exported).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        form, autocast = {"pytorch fp32 (sorted)": (PYTORCH, False),
+                          "torch bf16 autocast": (PYTORCH, True)}.get(way, (way, False))
+        predictor = Predictor.open(form_folder(form, model_dir, exported), form)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            timed_batches(classifier, tokenizer, pairs[:4], 2, sort)  # warm-up
-            _, lat = timed_batches(classifier, tokenizer, pairs[:latency_pairs], 1, False)
-            logits, sec = timed_batches(classifier, tokenizer, pairs, 32, sort)
+            timed(predictor, pairs[:4], 2)  # warm-up
+            _, lat = timed(predictor, pairs[:latency_pairs], 1)
+            logits, sec = timed(predictor, pairs, 32)
         predicted = logits.argmax(-1).numpy()
     return {"way": way, "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 1),
             "p95_ms": round(float(np.percentile(lat, 95)) * 1e3, 1),
@@ -138,9 +133,12 @@ def export_base(checkpoint: str, folder: Path) -> Path:
 
     torch.manual_seed(0)
     source, p, tuned = resolve_checkpoint(checkpoint).path, load_params().export, fine_tuned(checkpoint)
-    task = Task.load(source) if tuned else glue_task("mrpc")
-    model = (load_finetuned(source) if tuned else load_classifier(source, task)).eval()
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tuned:
+        opened = Predictor.open(source)
+        task, model, tokenizer = opened.task, opened.model, opened.tokenizer
+    else:
+        task, tokenizer = glue_task("mrpc"), AutoTokenizer.from_pretrained(source)
+        model = load_classifier(source, task).eval()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     task.save(folder)
@@ -154,10 +152,9 @@ def export_base(checkpoint: str, folder: Path) -> Path:
 def flops_per_pair(model_dir: Path, pairs) -> float:
     """The useful FLOPs of one pair: 2 x the weights of the model's linear layers x its mean real tokens (padding
     excluded; attention's own products, about 2 x seq_len x hidden per token and layer, left out)."""
-    model = load_form(PYTORCH, model_dir, model_dir)
-    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokens = np.mean([len(ids) for ids in tokenizer([a for a, _ in pairs], [b for _, b in pairs])["input_ids"]])
+    predictor = Predictor.open(model_dir)
+    weights = sum(m.weight.numel() for m in predictor.model.modules() if isinstance(m, torch.nn.Linear))
+    tokens = np.mean([len(ids) for ids in predictor.encode(pairs)["input_ids"]])
     return 2 * weights * float(tokens)
 
 

@@ -23,10 +23,21 @@ def module_path(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def _run_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``, which type checkers read and Python never runs."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            yield from (n for child in node.orelse for n in [child, *_run_nodes(child)])
+            continue
+        yield node
+        yield from _run_nodes(node)
+
+
 def _imports(path: Path) -> set[str]:
-    """Names of the modules ``path`` imports, anywhere in the file (``from a import b`` gives 'a' and 'a.b')."""
+    """Names of the modules ``path`` imports, anywhere in the file that runs (``from a import b`` gives 'a' and
+    'a.b')."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _run_nodes(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

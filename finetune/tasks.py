@@ -116,6 +116,12 @@ class Task:
             raise CheckpointError(f"{file}: cannot read the task: {type(err).__name__}: {err}") from None
 
 
+def predictions_of(logits, task: Task):
+    """Class ids (argmax) ``[examples]`` of logits ``[examples, num_labels]`` (a torch tensor); for regression, the
+    scores ``[examples]``."""
+    return logits[:, 0] if task.is_regression else logits.argmax(dim=-1)
+
+
 def glue_task(config: str) -> Task:
     """The Task of GLUE config ``config`` (a key of ``GLUE_TASKS``)."""
     g = GLUE_TASKS[config]

@@ -150,9 +150,9 @@ def validation_by_epoch(collapsed_epochs: set[int]):
     ``collapsed_epochs``, else the gold labels: a run that collapses and recovers, without training to get there."""
     calls = []
 
-    def fake(model, dataloader, accelerator, task, metric, desc):
+    def fake(predictor, rows, metric, p, desc):
         calls.append(desc)
-        labels = torch.cat([batch["labels"] for batch in dataloader])
+        task, labels = predictor.task, torch.tensor(rows["labels"])
         predicted = torch.zeros_like(labels) if len(calls) in collapsed_epochs else labels
         logits = 10.0 * torch.nn.functional.one_hot(predicted, task.num_labels).float()
         return {"loss": 0.5, **score(metric, task, predicted.numpy(), labels.numpy())}, logits

@@ -1,4 +1,5 @@
-"""The export stage's served forms (finetune/export/registry.py, make.py, openvino.py, forms.py; stages/export.py)
+"""The export stage's served forms (finetune/export/: registry, make, openvino, forms, parity, speed; their runtimes in
+finetune/inference/runtimes.py)
 with tiny random models: each family exports and its ONNX fp32 logits equal PyTorch's, int8 quantizes (keeping the
 named modules fp32), the stage writes export.json and every form folder atomically, a corrupted export fails the stage
 naming the form, ``tools.predict --form`` gives the PyTorch form's predictions, bad input stops with one line, and a
@@ -17,12 +18,12 @@ from transformers import AutoTokenizer
 
 from finetune.errors import ExportError, ParamsError
 from finetune.export import make as export
-from finetune.export.forms import OnnxClassifier, load_form
+from finetune.export.forms import export_forms
 from finetune.export.make import export_onnx, module_of, quantize_int8
+from finetune.inference.runtimes import OnnxClassifier, form_folder, load_runtime
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.paths import Paths
 from finetune.tasks import glue_task
-from stages import export as export_stage
 from tests.helpers import FAMILIES, REPO, make_family_checkpoint, make_project, tiny_params
 
 MRPC = glue_task("mrpc")
@@ -111,7 +112,7 @@ def test_module_names_of_onnx_nodes_and_no_local_paths(template_onnx):
 def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
     params, paths = finetuned
     monkeypatch.setattr(export, "bf16_unsupported", lambda: None)  # make the bf16 form on any CPU
-    results = export_stage.export_model(params, paths)
+    results = export_forms(params, paths)
 
     assert list(results) == ["pytorch", "onnx-fp32", "onnx-int8", "torch-bf16", "fastest_at_parity"]
     made = ("onnx-fp32", "onnx-int8", "torch-bf16")
@@ -125,7 +126,7 @@ def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
     assert fp32["validation"]["accuracy"] == results["pytorch"]["validation"]["accuracy"]
     assert results["onnx-int8"]["size_mb"] < fp32["size_mb"]
     assert results["onnx-int8"]["kept_fp32_matmuls"] == 6
-    assert load_form("torch-bf16", paths.finetuned, paths.exported).dtype == torch.bfloat16
+    assert load_runtime("torch-bf16", paths.exported / "torch-bf16").dtype == torch.bfloat16
     # The forms at parity and PyTorch are timed; the fastest at each batch size is named, and on its card.
     timed = [form for form, r in results.items() if "speed" in r]
     assert "pytorch" in timed and set(timed) == {"pytorch", *(f for f in made if "warning" not in results[f])}
@@ -145,7 +146,7 @@ def test_int8_only_keeps_no_fp32_folder_and_bf16_is_skipped_without_hardware(fin
     params = params.model_copy(update={"export": params.export.model_copy(update={"forms": ["onnx-int8",
                                                                                          "torch-bf16"]})})
     monkeypatch.setattr(export, "bf16_unsupported", lambda: "no bf16 here")
-    results = export_stage.export_model(params, paths)
+    results = export_forms(params, paths)
     assert results["torch-bf16"] == {"skipped": "no bf16 here"}
     assert sorted(p.name for p in paths.exported.iterdir()) == ["onnx-int8"]
 
@@ -166,7 +167,7 @@ def test_corrupted_fp32_export_fails_naming_the_form_and_keeps_the_old_folder(fi
 
     monkeypatch.setattr(export, "export_onnx", corrupted)
     with pytest.raises(ExportError, match=r"^onnx-fp32: validation logits differ .* export.fp32_tolerance"):
-        export_stage.export_model(params, paths)
+        export_forms(params, paths)
     assert [p.name for p in paths.exported.iterdir()] == ["old"]
     assert not list(paths.exported.parent.glob(".exported.*"))
 
@@ -174,7 +175,7 @@ def test_corrupted_fp32_export_fails_naming_the_form_and_keeps_the_old_folder(fi
 def test_lossy_form_beyond_the_tolerance_is_flagged(finetuned, caplog):
     params, paths = finetuned
     settings = params.export.model_copy(update={"forms": ["onnx-int8"], "max_metric_drop": 0.0})
-    results = export_stage.export_model(params.model_copy(update={"export": settings}), paths)
+    results = export_forms(params.model_copy(update={"export": settings}), paths)
     pytorch, int8 = results["pytorch"]["validation"]["f1"], results["onnx-int8"]["validation"]["f1"]
     if int8 < pytorch:  # the tiny model's int8 F1 may not drop at all; when it does, it is flagged everywhere
         assert any("onnx-int8 loses" in w for w in results["onnx-int8"]["warning"])
@@ -190,7 +191,7 @@ def test_predict_with_a_form_equals_pytorch(finetuned, tmp_path, monkeypatch):
     from tools.predict import predict
 
     params, paths = finetuned
-    export_stage.export_model(params, paths)
+    export_forms(params, paths)
     rows = tmp_path / "rows.csv"
     rows.write_text("sentence1,sentence2\n" + "".join(f'"{a}","{b}"\n' for a, b in zip(*PAIRS)) * 3)
     pytorch = predict(rows, paths.finetuned)
@@ -205,9 +206,12 @@ def test_predict_with_a_form_equals_pytorch(finetuned, tmp_path, monkeypatch):
 def test_bad_forms_and_missing_onnxruntime_say_what_to_do(finetuned, monkeypatch):
     _, paths = finetuned
     with pytest.raises(ExportError, match=r"unknown form 'onnx'"):
-        load_form("onnx", paths.finetuned, paths.exported)
+        form_folder("onnx", paths.finetuned, paths.exported)
+    with pytest.raises(ExportError, match=r"exported: no such folder of exported forms; make it with dvc repro export"):
+        form_folder("onnx-int8", paths.finetuned, paths.exported)
+    paths.exported.mkdir(exist_ok=True)
     with pytest.raises(ExportError, match=r"exported/onnx-int8: not found; add onnx-int8 to export.forms"):
-        load_form("onnx-int8", paths.finetuned, paths.exported)
+        form_folder("onnx-int8", paths.finetuned, paths.exported)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(ExportError, match=r"ONNX Runtime is not installed"):
         OnnxClassifier(paths.finetuned)
@@ -254,7 +258,7 @@ def test_openvino_forms_agree_with_pytorch_and_calibrate_on_train_rows_only(fine
         return quantize(model, dataset, **kwargs)
 
     monkeypatch.setattr(nncf, "quantize", recording)
-    results = export_stage.export_model(params.model_copy(update={"export": settings}), paths)
+    results = export_forms(params.model_copy(update={"export": settings}), paths)
 
     assert list(results) == ["pytorch", *OPENVINO, "fastest_at_parity"]
     assert not (paths.exported / "onnx-fp32").exists()  # the ONNX file they start from is not a form asked for
@@ -293,7 +297,7 @@ def test_missing_openvino_is_named_and_the_other_forms_are_made(finetuned, monke
     monkeypatch.setattr(openvino_forms.importlib.util, "find_spec",
                         lambda name, *a: None if name == "openvino" else real(name, *a))
     settings = params.export.model_copy(update={"forms": ["onnx-int8", "openvino-int8"]})
-    results = export_stage.export_model(params.model_copy(update={"export": settings}), paths)
+    results = export_forms(params.model_copy(update={"export": settings}), paths)
     why = results["openvino-int8"]["skipped"]
     assert why == "openvino not installed: pip install -e '.[serve]' (or bash .ci/setup: the lock has it)"
     assert f"openvino-int8: skipped: {why}" in caplog.text and "Traceback" not in caplog.text
@@ -301,7 +305,7 @@ def test_missing_openvino_is_named_and_the_other_forms_are_made(finetuned, monke
     (paths.exported / "openvino-int8").mkdir()  # a folder, so that loading the form gets to importing OpenVINO
     monkeypatch.setitem(sys.modules, "openvino", None)
     with pytest.raises(ExportError, match=r"OpenVINO is not installed: pip install -e '.\[serve\]'"):
-        load_form("openvino-int8", paths.finetuned, paths.exported)
+        load_runtime("openvino-int8", paths.exported / "openvino-int8")
 
 
 def test_every_registry_reference_resolves():
@@ -311,8 +315,8 @@ def test_every_registry_reference_resolves():
         assert callable(registry.resolve(form.make)) and callable(registry.resolve(form.load)), form.name
         assert all(callable(registry.resolve(need.check)) for need in form.needs), form.name
         assert form.base is None or form.base in registry.FORMS, form.name
-    assert registry.referenced_modules() == ["finetune.export.forms", "finetune.export.make",
-                                             "finetune.export.openvino"]
+    assert registry.referenced_modules() == ["finetune.export.make", "finetune.export.openvino",
+                                             "finetune.inference.runtimes"]
     with pytest.raises(ValueError, match="'onnx-int8' is already registered"):
         registry.register(registry.FORMS["onnx-int8"])
 
@@ -356,13 +360,13 @@ def test_a_registered_form_is_validated_made_checked_and_predicts(finetuned, reg
         tiny_params(export={"forms": forms})
     register(Form("torch-fp32", f"{__name__}:make_torch_fp32", "finetune.modeling:load_finetuned", lossy=False,
                   loaded_with="AutoModelForSequenceClassification.from_pretrained(folder)", pytorch_module=True))
-    register(Form("onnx-copy", f"{__name__}:copy_onnx", "finetune.export.forms:OnnxClassifier", lossy=False,
+    register(Form("onnx-copy", f"{__name__}:copy_onnx", "finetune.inference.runtimes:OnnxClassifier", lossy=False,
                   loaded_with="onnxruntime.InferenceSession(\"model.onnx\")", base="onnx-fp32"))
-    register(Form("needs-a-package", f"{__name__}:copy_onnx", "finetune.export.forms:OnnxClassifier", lossy=False,
+    register(Form("needs-a-package", f"{__name__}:copy_onnx", "finetune.inference.runtimes:OnnxClassifier", lossy=False,
                   loaded_with="-", needs=(Need("package", f"{__name__}:no_such_package"),), base="onnx-fp32"))
     params = tiny_params(export={"forms": forms})  # the registered names validate
 
-    results = export_stage.export_model(params, paths)
+    results = export_forms(params, paths)
     assert list(results) == ["pytorch", *forms, "fastest_at_parity"]
     assert results["needs-a-package"] == {"skipped": "no_such_package not installed"}
     assert "needs-a-package: skipped: no_such_package not installed" in caplog.text
@@ -399,4 +403,4 @@ def test_a_registered_fp32_form_off_pytorch_fails_the_stage(finetuned, register)
     register(Form("torch-off", f"{__name__}:make_off", "finetune.modeling:load_finetuned", lossy=False,
                   loaded_with="-", pytorch_module=True))
     with pytest.raises(ExportError, match=r"^torch-off: validation logits differ .* export.fp32_tolerance"):
-        export_stage.export_model(tiny_params(export={"forms": ["torch-off"]}), paths)
+        export_forms(tiny_params(export={"forms": ["torch-off"]}), paths)

@@ -62,11 +62,11 @@ def server(model, tmp_path_factory):
         process.wait()
 
 
-def post(port: int, body) -> tuple[int, dict]:
+def post(port: int, body, content_type: str = "application/json") -> tuple[int, dict]:
     """POST ``body`` (bytes as they are, else as JSON) to /predict: the status and the JSON answer."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=data,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
             return answer.status, json.loads(answer.read())
@@ -102,22 +102,30 @@ def test_answers_equal_tools_predict_whatever_the_batching(server, model, tmp_pa
 @pytest.mark.parametrize("body,status,message", [
     (b'{"inputs": {"text": "a"', 400, "body: not valid JSON"),
     ({}, 422, "inputs: Field required"),
-    ({"inputs": {"text": "A cat."}}, 422, "inputs.text_pair: missing"),
+    ({"inputs": {"text": "A cat."}}, 422, "inputs[0].text_pair: missing"),
     ({"inputs": [{"text": "A cat.", "text_pair": "A dog."}, {"text": "A cat.", "text_pair": 5}]}, 422,
-     "inputs[1].text_pair: expected a string, got int"),
-    ({"inputs": {"text": "  ", "text_pair": "A dog."}}, 422, "row 0: empty text (null, empty or only whitespace)"),
-    ({"inputs": as_inputs(PAIRS * 2)}, 422, "inputs: 6 examples, more than the limit of 4 per request"),
-    ({"inputs": []}, 422, "inputs: an empty list"),
-    ({"inputs": "A cat."}, 422, 'inputs: expected {"text": "...", "text_pair": "..."}, got str'),
+     "inputs[1].text_pair: Input should be a valid string"),
+    ({"inputs": {"text": "  ", "text_pair": "A dog."}}, 422, "inputs[0].text: empty text (empty or only whitespace)"),
+    ({"inputs": as_inputs(PAIRS * 2)}, 422, "inputs: 6 examples; give one example or a list of 1 to 4 per request"),
+    ({"inputs": []}, 422, "inputs: 0 examples"),
+    ({"inputs": "A cat."}, 422, "inputs[0]: Input should be a valid dictionary"),
+    ({"inputs": {"text": "A cat.", "text_pair": "A dog.", "label": 1}}, 422, "inputs[0].label: Extra inputs"),
     ({"inputs": {"text": "A cat.", "text_pair": "A dog."}, "model": "/etc"}, 422, "model: Extra inputs"),
     ({"inputs": {"text": "A cat. " * 5000, "text_pair": "A dog."}}, 413,
-     "bytes, over the limit of 20000 bytes (--max-body-bytes)"),
+     "body: over the limit of 20000 bytes (--max-body-bytes)"),
 ])
 def test_a_bad_request_gets_its_4xx_and_the_server_goes_on(server, body, status, message):
     port, _, _ = server
     got, answer = post(port, body)
     assert (got, message in answer.get("error", "")) == (status, True), answer
     assert post(port, {"inputs": as_inputs(PAIRS[:1])})[0] == 200
+
+
+@pytest.mark.e2e
+def test_a_body_not_sent_as_json_is_told_the_content_type(server):
+    status, answer = post(server[0], {"inputs": as_inputs(PAIRS[:1])[0]}, content_type="text/plain")
+    assert (status, answer["error"]) == (422, 'body: expected a JSON object such as {"inputs": ...}, sent as '
+                                               "Content-Type: application/json"), answer
 
 
 @pytest.mark.e2e
@@ -155,7 +163,7 @@ def test_a_missing_or_incomplete_model_folder_stops_start_up_with_one_line(model
     shutil.copytree(model, incomplete)
     (incomplete / "model.safetensors").unlink()
     cases = [(["--form", "onnx-fp32", "--exported", tmp_path / "none"],
-              f"ERROR: {tmp_path / 'none' / 'onnx-fp32'}: not found; add onnx-fp32 to export.forms"),
+              f"ERROR: {tmp_path / 'none'}: no such folder of exported forms; make it with dvc repro export"),
              (["--form", "pytorch", "--model", incomplete], f"ERROR: {incomplete}: incomplete (")]
     for args, start in cases:  # in this process: the folder is checked before any server starts
         with pytest.raises(SystemExit) as exit_:

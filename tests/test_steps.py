@@ -27,8 +27,8 @@ def scripted_validation(monkeypatch, values):
     """Validation whose main metric (f1) follows ``values``, one per evaluation; returns the steps it was called at."""
     evaluate_split, values, steps = training.evaluate_split, iter(values), []
 
-    def scripted(model, dataloader, accelerator, task, metric, desc):
-        metrics, logits = evaluate_split(model, dataloader, accelerator, task, metric, desc)
+    def scripted(predictor, rows, metric, p, desc):
+        metrics, logits = evaluate_split(predictor, rows, metric, p, desc)
         return {**metrics, "f1": next(values)}, logits
 
     monkeypatch.setattr(training, "evaluate_split", scripted)

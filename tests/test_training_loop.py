@@ -138,8 +138,8 @@ def test_training_stops_early_and_keeps_the_best_epoch(tiny_project, monkeypatch
     evaluate_split = training.evaluate_split
     saved = {}
 
-    def scripted(model, dataloader, accelerator, task, metric, desc):
-        metrics, logits = evaluate_split(model, dataloader, accelerator, task, metric, desc)
+    def scripted(predictor, rows, metric, p, desc):
+        metrics, logits = evaluate_split(predictor, rows, metric, p, desc)
         return {**metrics, "f1": next(f1_by_epoch)}, logits
 
     def remember(accelerator, model, tokenizer, task, folder):  # the weights of each saved best epoch

@@ -16,36 +16,31 @@ import argparse
 import logging
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from datasets import Dataset
-from transformers import AutoConfig, AutoTokenizer
 
-from finetune.data.batches import evaluation_loader
 from finetune.data.checks import clean_texts
 from finetune.data.loading import WRITE_FORMATS, check_writable, load_files, write_table
-from finetune.data.tokenization import position_limit, tokenize, truncation_length
 from finetune.errors import CheckpointError, DataError
-from finetune.evaluate.evaluation import evaluate_split, with_predictions
-from finetune.export.forms import form_folder, load_form
-from finetune.export.registry import FORMS, PYTORCH
-from finetune.params import EvaluateParams
-from finetune.runtime import make_accelerator, run_stage, set_cpu_threads
+from finetune.export.registry import FORMS
+from finetune.inference.predictor import Predictor
+from finetune.inference.runtimes import PYTORCH, form_folder
+from finetune.runtime import run_stage
 from finetune.tasks import Task
 from tools.cli import positive_int
 
 log = logging.getLogger(__name__)
+
+OUTPUT_COLUMNS = ("prediction", "probability_")  # the columns predict adds: prediction, probability_<class>
 
 
 def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length: int | None = None,
             form: str = PYTORCH, exported_dir: Path = Path("models/exported")) -> pd.DataFrame:
     """The rows of ``input_file`` with ``prediction`` (class name, or score for regression) and, for classification,
     ``probability_<name>`` per class, in the file's order, by the model of ``form``: ``pytorch`` (``model_dir``) or
-    a served form in ``exported_dir`` (finetune/export/forms.py).
+    a served form in ``exported_dir`` (``finetune.inference.Predictor``).
 
     Texts are prepared as for training (``finetune.data.checks.clean_texts``: numbers become text; empty ones are
-    refused). Batches go shortest first (length-sorted, little padding) and the outputs are put back in row order.
-    Everything is checked before the model is loaded.
+    refused). The file is read and checked before the model is loaded.
 
     Args:
         batch_size: rows per forward pass, at least 1.
@@ -54,41 +49,42 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     Raises:
         ValueError: ``batch_size`` is below 1.
         ExportError: an unknown form, one not exported, or its runtime missing.
-        CheckpointError: the model folder lacks task.json, config, weights or tokenizer.
+        CheckpointError: the model folder lacks task.json, config, weights or tokenizer, or can't be loaded.
         ParamsError: ``max_length`` is above the model's positions.
-        DataError: the file can't be read, has no rows, lacks a text column (the message lists those it has), or
-            has an empty or nested text; naming the file and the row.
+        DataError: the file can't be read, has no rows, lacks a text column (the message lists those it has), has
+            an empty or nested text, or already has a column predict writes; naming the file and the row or column.
     """
-    evaluation = EvaluateParams(batch_size=batch_size, sort_by_length=True, splits=["test"])
+    if batch_size < 1:
+        raise ValueError(f"batch_size: {batch_size}, expected at least 1")
     folder = form_folder(form, model_dir, exported_dir)  # the form's own tokenizer and task.json
     task = Task.load(folder)
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json; --model needs a fine-tuned model folder (models/finetuned) "
                               "or --form a form of models/exported")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    limit = position_limit(AutoConfig.from_pretrained(folder))
-    max_length = truncation_length(tokenizer, max_length, limit, key="--max-length")
-
     data = load_files({"input": input_file}, origin="the input file argument")["input"]
     if len(data) == 0:
         raise DataError(f"{input_file}: no rows to predict")
     missing = [c for c in task.text_columns if c not in data.column_names]
     if missing:
         raise DataError(f"{input_file}: lacks column(s) {missing} that the model reads; has {data.column_names}")
+    taken = [c for c in data.column_names if c.startswith(OUTPUT_COLUMNS)]
+    if taken:
+        raise DataError(f"{input_file}: has column(s) {taken}, which predict writes; rename or drop them first")
     rows = data.to_pandas()
     rows.attrs["numbered"] = True  # errors name the row's number in the file
     clean_texts(rows, task.text_columns, str(input_file), "input")
-    text = Dataset.from_dict({**{c: rows[c].tolist() for c in task.text_columns}, "idx": list(range(len(rows)))})
 
-    set_cpu_threads(None)
-    model = load_form(form, model_dir, exported_dir)
-    tokenized = tokenize({"input": text}, tokenizer, max_length, task.text_columns)
-    accelerator = make_accelerator()
-    if form == PYTORCH or FORMS[form].pytorch_module:  # an ONNX Runtime or OpenVINO model runs on the CPU as it is
-        model = accelerator.prepare(model)
-    loader, order = evaluation_loader(tokenized["input"], tokenizer, evaluation)
-    _, logits = evaluate_split(model, accelerator.prepare(loader), accelerator, task, None, desc="predict")
-    return with_predictions(rows, logits[np.argsort(order)], task)
+    predictor = Predictor.open(folder, form, max_length=max_length, max_length_key="--max-length",
+                               device=_device())
+    examples = list(zip(*(rows[c].tolist() for c in task.text_columns)))
+    return predictor.table(rows, predictor.logits(examples, batch_size=batch_size, desc="predict"))
+
+
+def _device() -> str:
+    """Where a PyTorch form runs: the GPU where torch sees one, else the CPU (other runtimes run on the CPU)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,5 @@
 """Serve a form of the fine-tuned model over HTTP on LitServe (docs/serving.md, "Serving over HTTP"): the engine
-batches concurrent requests, the form's own tokenizer truncates as in training, and texts are checked by the function
-that prepares ``tools.predict``'s files.
+batches concurrent requests, ``finetune.inference.Predictor`` scores each batch as ``tools.predict`` scores a file.
 
     python -m tools.serve                         # metrics/export.json's fastest_at_parity form, 127.0.0.1:8000
     python -m tools.serve --form onnx-fp32 --max-batch-size 32 --batch-timeout 0.001
@@ -13,186 +12,110 @@ that prepares ``tools.predict``'s files.
 ``POST /predict`` takes ``{"inputs": example}`` or ``{"inputs": [example, ...]}``: an example is
 ``{"text": ..., "text_pair": ...}`` for a pair task, a string or ``{"text": ...}`` for a single-text task. It answers
 ``{"predictions": [{"label": name, "probabilities": {name: p, ...}}, ...]}`` in the examples' order (regression:
-``{"score": s}``). ``GET /health`` answers 200 once the model is loaded (503 before), ``GET /info`` the settings.
-SIGTERM: the requests accepted are answered, then the server exits 0.
+``{"score": s}``). A malformed request gets a 4xx whose ``error`` names the field or limit. ``GET /health`` answers
+200 once the model is loaded, ``GET /info`` the settings. SIGTERM: the requests accepted are answered, then the
+server exits 0.
 """
 
 import argparse
-import json
 import logging
 import multiprocessing
 import os
 import signal
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, ClassVar
 
 import litserve as ls
-import numpy as np
-import pandas as pd
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 
-from finetune.data.checks import clean_texts
-from finetune.errors import DataError, ExportError, PipelineError
-from finetune.export.registry import FORMS, PYTORCH
+from finetune.errors import ExportError, PipelineError
+from finetune.export.registry import FORMS
+from finetune.export.speed import EXPORT_METRICS, served_form
+from finetune.inference.predictor import Predictor, row_buckets
+from finetune.inference.runtimes import PYTORCH, form_folder
+from finetune.modeling import check_checkpoint
 from finetune.runtime import run_stage
+from finetune.tasks import Task
 from tools.cli import positive_int
 
 log = logging.getLogger("tools.serve")
 
-EXPORT_METRICS = Path("metrics/export.json")
-PAIR_FIELDS = ("text", "text_pair")  # an example's fields, as pipeline("text-classification") takes them
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("empty text (empty or only whitespace)")
+    return text
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What a request may hold: ``pair`` (the task reads two texts), ``max_examples`` per request, ``max_body_bytes``
-    per body."""
+class Example(BaseModel):
+    """One example: ``text`` and, for a pair task, ``text_pair`` (``pipeline("text-classification")``'s names)."""
 
-    pair: bool
-    max_examples: int
-    max_body_bytes: int
+    model_config = ConfigDict(extra="forbid")
+    text: Annotated[str, AfterValidator(_not_blank)]
+    text_pair: Annotated[str, AfterValidator(_not_blank)] | None = None
 
 
 class PredictRequest(BaseModel):
-    """A ``POST /predict`` body, checked in the HTTP process before it is queued for the model: ``inputs`` becomes a
-    list of examples, each a tuple of one text (single-text task) or two (pair task).
+    """A ``POST /predict`` body, checked in the HTTP process: one example or a list of 1 to ``max_examples``, each
+    with the fields the task reads (``pair``); a single-text task also takes a string. Both class settings are set by
+    ``serve`` before the HTTP processes start.
 
     Raises:
-        ValueError: naming the field (``inputs[3].text_pair``) and, for a count, the limit: not one example or a
-            list of them, more than ``limits.max_examples``, a missing, unknown or non-string field, or an empty text
-            (``finetune.data.checks.clean_texts``).
+        ValueError: naming the field (``inputs[3].text_pair``) or the limit.
     """
 
     model_config = ConfigDict(extra="forbid")
-    limits: ClassVar[Limits | None] = None  # set by ``serve`` before the HTTP processes start
+    pair: ClassVar[bool] = True
+    max_examples: ClassVar[int] = 64
 
-    inputs: Any
+    inputs: list[Example]
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _listed(cls, inputs):
+        items = inputs if isinstance(inputs, list) else [inputs]
+        if not 1 <= len(items) <= cls.max_examples:
+            raise ValueError(f": {len(items)} examples; give one example or a list of 1 to {cls.max_examples} per "
+                             "request (--max-examples)")
+        return [{"text": item} if isinstance(item, str) and not cls.pair else item for item in items]
 
     @field_validator("inputs")
     @classmethod
-    def _examples(cls, inputs: Any) -> list[tuple[str, ...]]:
-        limits = cls.limits
-        many = isinstance(inputs, list)
-        items = inputs if many else [inputs]
-        if not items:
-            raise ValueError("inputs: an empty list; give one example or a list of 1 to "
-                             f"{limits.max_examples}")
-        if len(items) > limits.max_examples:
-            raise ValueError(f"inputs: {len(items)} examples, more than the limit of {limits.max_examples} per "
-                             "request (--max-examples); split them over several requests")
-        fields = PAIR_FIELDS if limits.pair else PAIR_FIELDS[:1]
-        rows = [_example(item, f"inputs[{i}]" if many else "inputs", fields) for i, item in enumerate(items)]
-        table = pd.DataFrame(rows, columns=list(fields))
-        table.attrs["numbered"] = True
-        try:
-            clean_texts(table, fields, "request", "inputs")
-        except DataError as err:
-            raise ValueError(str(err)) from None
-        return [tuple(row) for row in table.itertuples(index=False)]
-
-
-def _example(item: Any, where: str, fields: tuple[str, ...]) -> tuple[str, ...]:
-    """One example's texts in ``fields`` order.
-
-    Raises:
-        ValueError: naming ``where`` and the field: a missing, unknown or non-string one.
-    """
-    if isinstance(item, str) and len(fields) == 1:
-        item = {"text": item}
-    if not isinstance(item, dict):
-        shape = "{" + ", ".join(f'"{f}": "..."' for f in fields) + "}" + (" or a string" if len(fields) == 1 else "")
-        raise ValueError(f"{where}: expected {shape}, got {type(item).__name__}")
-    unknown = sorted(set(item) - set(fields))
-    if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown}; this model reads {list(fields)}")
-    for field in fields:
-        if field not in item:
-            raise ValueError(f"{where}.{field}: missing; this model reads {list(fields)}")
-        if not isinstance(item[field], str):
-            raise ValueError(f"{where}.{field}: expected a string, got {type(item[field]).__name__}")
-    return tuple(item[field] for field in fields)
-
-
-class BodyLimit:
-    """ASGI middleware: a body over ``max_bytes`` is refused with 413 before it is parsed, naming the limit."""
-
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await self._refuse(send, int(length))
-        received = 0
-
-        async def counted():
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_bytes:
-                from fastapi import HTTPException
-
-                raise HTTPException(413, self._message(received))
-            return message
-
-        return await self.app(scope, counted, send)
-
-    def _message(self, size: int) -> str:
-        return f"body: {size} bytes, over the limit of {self.max_bytes} bytes (--max-body-bytes)"
-
-    async def _refuse(self, send, size: int) -> None:
-        body = json.dumps({"error": self._message(size)}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+    def _task_fields(cls, examples: list[Example]) -> list[Example]:
+        for i, example in enumerate(examples):
+            if (example.text_pair is None) == cls.pair:
+                reads = "['text', 'text_pair']" if cls.pair else "one text, ['text']"
+                raise ValueError(f"[{i}].text_pair: {'missing' if cls.pair else 'not read'}; this model reads {reads}")
+        return examples
 
 
 class FormAPI(ls.LitAPI):
-    """The model of ``form`` in ``folder``: each batch of requests tokenized with the folder's tokenizer
-    (truncated to the model's length), sorted by length and run in chunks of at most ``max_batch_size`` examples,
-    each padded to a multiple of ``pad_multiple`` tokens and filled up to a ``row_buckets`` size, so few input shapes
-    occur. On a CUDA device (the engine's ``accelerator="cuda"``; the ``pytorch`` form only) the model runs in
-    ``gpu_dtype``."""
+    """The model of ``form`` in ``folder`` behind LitServe: each batch of requests scored by ``Predictor.logits`` in
+    chunks of at most ``max_batch_size`` examples, padded to a multiple of ``pad_multiple`` tokens and filled up to
+    a ``row_buckets`` size, so a compiled runtime meets few input shapes. On ``cuda`` (the ``pytorch`` form only) the
+    model runs in bf16, fp16 where the GPU lacks bf16."""
 
     def __init__(self, form: str, folder: Path, pad_multiple: int, log_level: str, **batching):
         super().__init__(**batching)
         self.form, self.folder, self.pad_multiple, self.log_level = form, folder, pad_multiple, log_level
 
-    def setup(self, device) -> None:
-        from transformers import AutoConfig, AutoTokenizer
-
-        from finetune.data.tokenization import position_limit, truncation_length
-        from finetune.runtime import set_cpu_threads
-        from finetune.tasks import Task
+    def setup(self, device: str) -> None:
+        import torch
 
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
         log.setLevel(self.log_level.upper())
         outlive_sigterm()
-        set_cpu_threads(None)
-        self.task = Task.load(self.folder)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        self.max_length = truncation_length(self.tokenizer, None, position_limit(
-            AutoConfig.from_pretrained(self.folder)))
-        self.model = load_model(self.form, self.folder)
-        self.model_device = device  # the engine's: "cpu" or "cuda:<n>"
-        if device.startswith("cuda"):
-            self.model.to(device, dtype=gpu_dtype())
-        self._warm_up()
-
-    def _warm_up(self) -> None:
-        """One pass per input shape up to 128 tokens: each row bucket at each padded length (OpenVINO prepares each
-        new shape on its first call, which costs several times a pass)."""
-        for length in range(self.pad_multiple, min(self.max_length, 128) + 1, self.pad_multiple):
+        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if device != "cpu" else None
+        self.predictor = Predictor.open(self.folder, self.form, device=device, dtype=dtype)
+        columns = len(self.predictor.task.text_columns)
+        for length in range(self.pad_multiple, min(self.predictor.max_length, 128) + 1, self.pad_multiple):
+            words = " ".join(["word"] * max(1, length // columns - 2))  # one pass per shape: OpenVINO compiles each
             for rows in row_buckets(self.max_batch_size):
-                words = " ".join(["word"] * max(1, length // len(self.task.text_columns) - 2))
-                self._logits([tuple([words] * len(self.task.text_columns))] * rows)
+                self.predict([[(words,) * columns] * rows])
 
     def decode_request(self, request: PredictRequest) -> list[tuple[str, ...]]:
-        return request.inputs
+        return [(e.text,) if e.text_pair is None else (e.text, e.text_pair) for e in request.inputs]
 
     def batch(self, inputs: list[list[tuple[str, ...]]]) -> list[list[tuple[str, ...]]]:
         return inputs
@@ -200,7 +123,8 @@ class FormAPI(ls.LitAPI):
     def predict(self, requests: list[list[tuple[str, ...]]]) -> list[list[dict]]:
         rows = [row for request in requests for row in request]
         log.debug("batch: %d requests, %d examples", len(requests), len(rows))
-        answers = iter(self._answers(self._logits(rows)))
+        answers = iter(self.predictor.answers(self.predictor.logits(
+            rows, batch_size=self.max_batch_size, pad_to_multiple_of=self.pad_multiple, fill_rows=True)))
         return [[next(answers) for _ in request] for request in requests]
 
     def unbatch(self, outputs: list[list[dict]]) -> list[list[dict]]:
@@ -209,109 +133,24 @@ class FormAPI(ls.LitAPI):
     def encode_response(self, output: list[dict]) -> dict:
         return {"predictions": output}
 
-    def _logits(self, rows: list[tuple[str, ...]]):
-        """Logits ``[rows, num_labels]`` in ``rows``' order."""
-        import torch
 
-        encoded = self.tokenizer(*zip(*rows), truncation=True, max_length=self.max_length)
-        order = np.argsort([len(ids) for ids in encoded["input_ids"]], kind="stable")
-        logits = [None] * len(rows)
-        with torch.inference_mode():
-            for start in range(0, len(rows), self.max_batch_size):
-                chunk = order[start:start + self.max_batch_size]
-                filled = [*chunk, *[chunk[-1]] * (bucket(len(chunk), self.max_batch_size) - len(chunk))]
-                batch = self.tokenizer.pad({key: [values[i] for i in filled] for key, values in encoded.items()},
-                                           pad_to_multiple_of=self.pad_multiple, return_tensors="pt")
-                batch = batch.to(self.model_device)
-                out = self.model(**batch).logits.float()  # rows past the chunk's repeat its last: dropped
-                for i, row in enumerate(chunk):
-                    logits[row] = out[i].cpu()
-        return torch.stack(logits)
-
-    def _answers(self, logits) -> list[dict]:
-        """Per row: the label and one probability per class, or the score (as ``tools.predict`` writes them)."""
-        from finetune.evaluate.evaluation import with_predictions
-
-        table = with_predictions(pd.DataFrame(index=range(len(logits))), logits, self.task)
-        if self.task.is_regression:
-            return [{"score": float(score)} for score in table["prediction"]]
-        names = self.task.label_names
-        probabilities = table[[f"probability_{name}" for name in names]].to_numpy()
-        return [{"label": label, "probabilities": {name: round(float(v), 5) for name, v in zip(names, p)}}
-                for label, p in zip(table["prediction"], probabilities)]
+def refusal(errors: list[dict], max_body_bytes: int) -> tuple[int, str]:
+    """The status and one-line ``error`` of a request pydantic refused: the first error, its field written as
+    ``inputs[1].text_pair``."""
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return 400, f"body: not valid JSON ({first.get('ctx', {}).get('error', 'invalid')})"
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ())[1:]).lstrip(".")
+    if not where:
+        return 422, "body: expected a JSON object such as {\"inputs\": ...}, sent as Content-Type: application/json"
+    message = first.get("msg", "").removeprefix("Value error, ")
+    return 422, f"{where}{message}" if message.startswith((":", "[")) else f"{where}: {message}"
 
 
-def row_buckets(max_rows: int) -> list[int]:
-    """The batch sizes a forward pass is filled up to: 1, 2, 4, 8, then multiples of 8, and ``max_rows``."""
-    sizes = [size for size in (1, 2, 4) if size < max_rows] + list(range(8, max_rows, 8))
-    return [*sizes, max_rows]
-
-
-def bucket(rows: int, max_rows: int) -> int:
-    """The smallest of ``row_buckets(max_rows)`` that holds ``rows``."""
-    return next(size for size in row_buckets(max_rows) if size >= rows)
-
-
-def gpu_dtype():
-    """bf16 where the GPU computes it, else fp16: the dtype of a model served on ``cuda``."""
-    import torch
-
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def load_model(form: str, folder: Path):
-    """The classifier of ``form`` in ``folder`` (``finetune.export.forms.load_form``), in eval mode."""
-    from finetune.export.forms import load_form
-
-    return load_form(form, folder, folder.parent).eval()
-
-
-def default_form(metrics: Path = EXPORT_METRICS) -> str:
-    """``fastest_at_parity.batch_32`` of the export stage's metrics: the server batches concurrent requests.
-
-    Raises:
-        ExportError: the file is missing or names no such form; the message says how to make it or choose one.
-    """
-    if not metrics.is_file():
-        raise ExportError(f"{metrics}: not found, so no fastest form to serve; run dvc repro export, or choose one "
-                          f"with --form ({', '.join([PYTORCH, *FORMS])})")
-    chosen = json.loads(metrics.read_text()).get("fastest_at_parity", {}).get("batch_32")
-    if chosen is None:
-        raise ExportError(f"{metrics}: no fastest_at_parity.batch_32; run dvc repro export, or choose --form")
-    return chosen
-
-
-def checked_folder(form: str, model_dir: Path, exported: Path) -> Path:
-    """The folder of ``form``, once its task, tokenizer and model load here (a missing or incomplete folder stops
-    start-up before the server starts).
-
-    Raises:
-        ExportError: one line naming the folder and the command that makes it.
-    """
-    from transformers import AutoTokenizer
-
-    from finetune.export.forms import form_folder
-    from finetune.tasks import Task
-
-    make = "dvc repro train (or dvc pull)" if form == PYTORCH else "dvc repro export"
-    folder = form_folder(form, model_dir, exported)
-    if not folder.is_dir():
-        raise ExportError(f"{folder}: not found; make it with {make}")
-    try:
-        Task.load(folder)
-        AutoTokenizer.from_pretrained(folder)
-        load_model(form, folder)  # weights and runtime load here, so a worker that can't start stops nothing
-    except PipelineError as err:
-        raise ExportError(f"{folder}: incomplete ({err}); make it again with {make}") from None
-    except (OSError, ValueError) as err:
-        raise ExportError(f"{folder}: incomplete ({str(err).splitlines()[0]}); make it again with {make}") from None
-    return folder
-
-
-def drain_on_sigterm(server) -> None:
-    """SIGTERM to this process: the HTTP processes stop accepting and answer what they accepted (uvicorn's graceful
-    shutdown) while the model worker still runs, then LitServe stops the rest and ``run`` returns (exit 0). During
-    start-up, before anything is accepted, the process and its children stop at once (exit 0)."""
+def drain_on_sigterm(server: ls.LitServer) -> None:
+    """SIGTERM: the HTTP processes stop accepting and answer what they accepted (uvicorn's graceful shutdown) while
+    the model worker still runs; then LitServe stops the rest and ``run`` returns (exit 0). Own code, as LitServe
+    drains only on Ctrl-C, and closes its response queues before its HTTP processes have answered."""
     main_pid = os.getpid()
 
     def drain() -> None:
@@ -332,10 +171,9 @@ def drain_on_sigterm(server) -> None:
         server._shutdown_event.set()
 
     def on_sigterm(signum, frame) -> None:
-        if os.getpid() != main_pid:  # a helper forked from this process (LitServe's queue manager): stopped by it
-            return
-        log.info("SIGTERM: answering accepted requests, then stopping")
-        threading.Thread(target=drain, name="drain", daemon=True).start()
+        if os.getpid() == main_pid:  # not in a helper forked from this process (LitServe's queue manager)
+            log.info("SIGTERM: answering accepted requests, then stopping")
+            threading.Thread(target=drain, name="drain", daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -344,30 +182,24 @@ def outlive_sigterm() -> None:
     """In a model worker: a SIGTERM sent to the whole process group (Ctrl-C's way, systemd's) leaves it running
     while its parent drains the HTTP processes, which then stops it; without its parent, it exits."""
     parent = os.getppid()
-
-    def on_sigterm(signum, frame) -> None:
-        if os.getppid() != parent:
-            os._exit(0)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0) if os.getppid() != parent else None)
 
 
 def serve(form: str | None, model_dir: Path, exported: Path, host: str, port: int, max_batch_size: int,
           batch_timeout: float, max_examples: int, max_body_bytes: int, pad_multiple: int,
           log_level: str = "info", device: str = "cpu") -> None:
-    """Serve ``form`` (None: ``default_form``) on ``device`` until SIGTERM or Ctrl-C.
+    """Serve ``form`` (None: ``served_form``) on ``device`` until SIGTERM or Ctrl-C.
 
     Raises:
-        ExportError: the form is unknown, not exported or incomplete (one line naming its folder and the command
-            that makes it), or metrics/export.json names none when ``form`` is None.
+        ExportError, CheckpointError: the form is unknown, not exported or can't be loaded (one line naming its
+            folder), or metrics/export.json names none when ``form`` is None.
         PipelineError: ``device`` is ``cuda`` for a form other than ``pytorch``, or torch sees no CUDA GPU.
     """
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
 
-    from finetune.tasks import Task
-
-    form = form or default_form()
+    form = form or served_form()
     if device == "cuda":
         import torch
 
@@ -376,31 +208,42 @@ def serve(form: str | None, model_dir: Path, exported: Path, host: str, port: in
                                 f"runtimes); add --form {PYTORCH}")
         if not torch.cuda.is_available():
             raise PipelineError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU")
-    folder = checked_folder(form, model_dir, exported)
-    task = Task.load(folder)
-    PredictRequest.limits = Limits(len(task.text_columns) == 2, max_examples, max_body_bytes)
+    folder = form_folder(form, model_dir, exported)
+    try:  # a missing or incomplete folder stops start-up here, in one line; the model worker loads it
+        task = Task.load(folder)
+        check_checkpoint(folder, need_weights=form == PYTORCH)
+    except PipelineError as err:
+        make = "dvc repro train (or dvc pull)" if form == PYTORCH else "dvc repro export"
+        raise ExportError(f"{folder}: incomplete ({err}); make it again with {make}") from None
+    PredictRequest.pair, PredictRequest.max_examples = len(task.text_columns) == 2, max_examples
     api = FormAPI(form, folder, pad_multiple, log_level, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
     metadata = {"form": form, "device": device, "folder": str(folder), "task": task.name, "labels": task.label_names,
                 "max_batch_size": max_batch_size, "batch_timeout_s": batch_timeout, "max_examples": max_examples,
-                "max_body_bytes": max_body_bytes, "pad_to_multiple_of": pad_multiple}
+                "max_body_bytes": max_body_bytes, "pad_to_multiple_of": pad_multiple}  # GET /info
     server = ls.LitServer(api, accelerator=device, devices=1, workers_per_device=1, timeout=60,
-                          middlewares=[(BodyLimit, {"max_bytes": max_body_bytes})], model_metadata=metadata)
+                          max_payload_size=max_body_bytes, model_metadata=metadata)
 
     async def refused(request, err: RequestValidationError) -> JSONResponse:
-        first = err.errors()[0]
-        if first.get("type") == "json_invalid":
-            return JSONResponse({"error": f"body: not valid JSON ({first.get('ctx', {}).get('error', 'invalid')})"},
-                                status_code=400)
-        field = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "body"
-        message = first.get("msg", "").removeprefix("Value error, ")
-        return JSONResponse({"error": message if message.startswith("inputs") or message.startswith("request")
-                             else f"{field}: {message}"}, status_code=422)
+        status, message = refusal(err.errors(), max_body_bytes)
+        return JSONResponse({"error": message}, status_code=status)
+
+    async def too_large(request, err: HTTPException) -> JSONResponse:
+        if err.status_code == 413:  # LitServe's max_payload_size
+            message = f"body: over the limit of {max_body_bytes} bytes (--max-body-bytes)"
+        else:
+            message = str(err.detail)
+        return JSONResponse({"error": message}, status_code=err.status_code)
 
     server.app.add_exception_handler(RequestValidationError, refused)
+    server.app.add_exception_handler(HTTPException, too_large)
     drain_on_sigterm(server)
     log.info("Serving %s (%s) on %s, http://%s:%d/predict: batches of up to %d requests, waiting up to %g s", form,
              folder, device, host, port, max_batch_size, batch_timeout)
-    server.run(host=host, port=port, log_level=log_level, generate_client_file=False, access_log=False)
+    try:
+        server.run(host=host, port=port, log_level=log_level, generate_client_file=False, access_log=False)
+    except RuntimeError as err:  # LitServe's "workers failed to start", after the worker logged why
+        raise ExportError(f"{folder}: the model worker could not load the {form} form ({err}; its error is logged "
+                          "above)") from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -58,9 +58,10 @@ def eval_dataloader(ds: Dataset, collator: PairCollator, batch_size: int) -> Dat
     return DataLoader(ds, batch_size=batch_size, shuffle=False, collate_fn=collator, generator=torch.Generator())
 
 
-def length_order(ds: Dataset) -> np.ndarray:
-    """Row indices ``[examples]`` of ``ds``, shortest first (stable sort)."""
-    return np.argsort(np.asarray(token_lengths(ds)), kind="stable")
+def length_order(lengths: list[int]) -> np.ndarray:
+    """Row indices ``[examples]`` of rows of ``lengths`` tokens, shortest first (stable sort): the one place rows are
+    sorted by length, for evaluation and inference (``finetune.inference.Predictor``) alike."""
+    return np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
 
 
 def evaluation_batches(ds: Dataset, collator: PairCollator,
@@ -69,11 +70,5 @@ def evaluation_batches(ds: Dataset, collator: PairCollator,
     (shortest first; ``outputs[np.argsort(order)]`` puts outputs back in row order), else None (rows in order)."""
     if not p.sort_by_length:
         return eval_dataloader(ds, collator, p.batch_size), None
-    order = length_order(ds)
+    order = length_order(token_lengths(ds))
     return eval_dataloader(ds.select(order), collator, p.batch_size), order
-
-
-def evaluation_loader(ds: Dataset, tokenizer: PreTrainedTokenizerBase,
-                      p: EvaluateParams) -> tuple[DataLoader, np.ndarray | None]:
-    """``evaluation_batches`` of ``ds`` with the dynamic-padding collator of ``tokenizer``."""
-    return evaluation_batches(ds, make_collator(tokenizer), p)

@@ -102,32 +102,28 @@ def score_rows(params: Params, folder: Path, task: Task, sets: dict[str, Dataset
         ``mixed_precision`` and ``device``.
     """
     from datasets import DatasetDict
-    from transformers import AutoTokenizer
 
-    from finetune.data.batches import evaluation_loader
-    from finetune.data.tokenization import tokenize, truncation_length
-    from finetune.evaluate.evaluation import split_logits
+    from finetune.data.tokenization import tokenize
     from finetune.hardware import describe_device, resolve_mixed_precision
-    from finetune.modeling import load_finetuned
-    from finetune.runtime import make_accelerator, set_cpu_threads
+    from finetune.inference.predictor import Predictor
+    from finetune.runtime import make_accelerator
 
-    set_cpu_threads(None)
     mixed_precision = resolve_mixed_precision(params.train.mixed_precision)
     accelerator = make_accelerator(mixed_precision=mixed_precision)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = accelerator.prepare(load_finetuned(folder))
-    max_length = min(truncation_length(tokenizer, params.tokenize.max_length), tokenizer.model_max_length)
+    teacher = Predictor.open(folder, task=task, accelerator=accelerator)
+    max_length = min(params.tokenize.max_length or teacher.tokenizer.model_max_length,
+                     teacher.tokenizer.model_max_length)
     log.info("Teacher %s on %s, %s tokenizer (truncation at %d tokens), mixed precision %s, %s", folder,
-             " and ".join(f"{len(rows)} {name} rows" for name, rows in sets.items()), type(tokenizer).__name__,
-             max_length, mixed_precision, accelerator.device)
+             " and ".join(f"{len(rows)} {name} rows" for name, rows in sets.items()),
+             type(teacher.tokenizer).__name__, max_length, mixed_precision, accelerator.device)
     logits = {}
     with tempfile.TemporaryDirectory(prefix="teacher-tokens-") as scratch:  # memory-mapped, not in memory
-        encoded = tokenize(DatasetDict(sets), tokenizer, max_length, task.text_columns, cache_dir=Path(scratch))
+        encoded = tokenize(DatasetDict(sets), teacher.tokenizer, max_length, task.text_columns,
+                           cache_dir=Path(scratch))
         for name, rows in encoded.items():
-            loader, order = evaluation_loader(rows, tokenizer, params.evaluate)
-            outputs, _ = split_logits(model, accelerator.prepare(loader), accelerator, desc=f"teacher: {name}")
-            logits[name] = (outputs if order is None else outputs[np.argsort(order)]).numpy().astype(np.float32)
-            del loader
+            outputs = teacher.logits(rows, batch_size=params.evaluate.batch_size,
+                                     sort_by_length=params.evaluate.sort_by_length, desc=f"teacher: {name}")
+            logits[name] = outputs.numpy().astype(np.float32)
         del encoded
     return logits, {"max_length": max_length, "mixed_precision": mixed_precision,
                     "device": describe_device(accelerator.device)}

@@ -11,18 +11,16 @@ import numpy as np
 import pandas as pd
 import torch
 from datasets import Dataset, load_from_disk
-from transformers import AutoTokenizer
 
-from finetune.data.batches import evaluation_loader
 from finetune.data.prepare import is_labeled, present_splits
 from finetune.evaluate.collapse import collapse_check, constant_baseline, warn_if_collapsed
-from finetune.evaluate.evaluation import evaluate_split, load_metric, predictions_of, with_predictions
+from finetune.evaluate.evaluation import evaluate_split, load_metric
 from finetune.hardware import resolve_mixed_precision
-from finetune.modeling import load_finetuned
+from finetune.inference.predictor import Predictor, with_predictions
 from finetune.params import Params
 from finetune.paths import Paths
-from finetune.runtime import atomic_dir, make_accelerator, set_cpu_threads
-from finetune.tasks import Task
+from finetune.runtime import atomic_dir, make_accelerator
+from finetune.tasks import Task, predictions_of
 from finetune.train.live import log_plots, open_live
 
 log = logging.getLogger(__name__)
@@ -35,7 +33,7 @@ def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task, columns: tu
                      ) -> pd.DataFrame:
     """One row per example of a prepared split ``raw``, in its order: ``columns`` (default ``idx`` and the text
     columns), ``label`` (the gold class name or score; absent when unlabeled), ``prediction`` and the probabilities
-    (``finetune.evaluate.evaluation.with_predictions``) of ``logits`` ``[examples, num_labels]``."""
+    (``finetune.inference.with_predictions``) of ``logits`` ``[examples, num_labels]``."""
     table = raw.select_columns(list(columns if columns is not None else ["idx", *task.text_columns])).to_pandas()
     if "label" in raw.column_names:
         labels = np.asarray(raw["label"])
@@ -66,11 +64,9 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
         ``{split: {"examples": n}}`` for an unlabeled one.
     """
     p = params.evaluate
-    set_cpu_threads(params.train.num_threads)
     accelerator = make_accelerator(params.train.ddp_timeout,
                                    mixed_precision=resolve_mixed_precision(params.train.mixed_precision))
-    tokenizer = AutoTokenizer.from_pretrained(paths.trained)
-    model = accelerator.prepare(load_finetuned(paths.trained))
+    predictor = Predictor.open(paths.trained, num_threads=params.train.num_threads, accelerator=accelerator)
     main = accelerator.is_main_process  # every process evaluates its share; the main one writes the files
     tokenized, raw, task = load_from_disk(str(paths.tokenized)), load_from_disk(str(paths.raw)), Task.load(paths.raw)
     results = {}
@@ -79,12 +75,8 @@ def evaluate_model(params: Params, paths: Paths) -> dict:
         live = open_live(live_tmp) if main else None
         for split in present_splits(p.splits, tokenized):
             labeled = is_labeled(tokenized[split])
-            dataloader, order = evaluation_loader(tokenized[split], tokenizer, p)
             metric = load_metric(task) if labeled else None
-            metrics, logits = evaluate_split(model, accelerator.prepare(dataloader), accelerator, task, metric,
-                                             desc=split)
-            if order is not None:  # back to row order
-                logits = logits[np.argsort(order)]
+            metrics, logits = evaluate_split(predictor, tokenized[split], metric, p, desc=split)
             if main:
                 write_predictions(raw[split], logits, task, tmp / f"{split}.csv")
             results[split] = {**{k: round(v, 4) for k, v in metrics.items()}, "examples": len(logits)}

@@ -1,173 +1,70 @@
-"""Loading a served form (models/exported/<form>/) behind the interface evaluation and prediction use:
-``model(**batch).logits``, ``model.config``, ``model.eval()``. Each form folder also loads on its own:
-
-    tokenizer = AutoTokenizer.from_pretrained("models/exported/onnx-int8")
-    session = onnxruntime.InferenceSession("models/exported/onnx-int8/model.onnx")
-    logits = session.run(None, dict(tokenizer(["A pair"], ["of sentences"], return_tensors="np")))[0]
-
-    model = AutoModelForSequenceClassification.from_pretrained("models/exported/torch-bf16")  # bf16 weights
-
-    compiled = openvino.compile_model("models/exported/openvino-int8/openvino_model.xml", "CPU",
-                                      {"INFERENCE_PRECISION_HINT": "f32"})  # the hint in the folder's openvino.json
-    logits = compiled(dict(tokenizer(["A pair"], ["of sentences"], return_tensors="np")))[0]
+"""The export stage's work: each form of ``export.forms`` made from the fine-tuned model (``make_forms``), scored
+against it on the labeled splits (``parity``), the forms at parity timed (``speed``), and each form's model card
+told how it compares.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-from typing import TYPE_CHECKING
+import logging
 
-import numpy as np
-import torch
-from transformers import AutoConfig, PreTrainedModel
-from transformers.modeling_outputs import SequenceClassifierOutput
+from datasets import load_from_disk
 
-from finetune.errors import ExportError
-from finetune.export.make import ONNX_FILE
-from finetune.export.openvino import OV_CONFIG, OV_FILE, SERVE_EXTRA
-from finetune.export.registry import FORMS, PYTORCH, resolve
-from finetune.modeling import load_finetuned
+from finetune.data.prepare import is_labeled, present_splits
+from finetune.export.make import file_size_mb, make_forms
+from finetune.export.parity import add_form_to_card, check_parity, parity, score
+from finetune.export.registry import FORMS
+from finetune.export.speed import SPEED_ROWS, fastest, form_speed
+from finetune.hardware import describe_device
+from finetune.inference.predictor import Predictor
+from finetune.inference.runtimes import PYTORCH
+from finetune.params import Params
+from finetune.paths import Paths
+from finetune.runtime import atomic_dir
 
-if TYPE_CHECKING:
-    from datasets import Dataset
-
-    from finetune.data.batches import PairCollator
-
-SPEED_ROWS, LATENCY_ROWS = 512, 64  # form_speed: rows timed at batch 32, and of those, one by one at batch 1
+log = logging.getLogger(__name__)
 
 
-class OnnxClassifier(torch.nn.Module):
-    """``folder``'s ``model.onnx`` in ONNX Runtime on the CPU: ``forward(**batch)`` takes the tokenizer's tensors
-    ``[batch, seq_len]`` and returns ``SequenceClassifierOutput(logits [batch, num_labels])`` (float32).
-
-    Raises:
-        ExportError: ONNX Runtime is not installed, or the folder has no model.onnx.
-    """
-
-    def __init__(self, folder: Path, num_threads: int | None = None):
-        super().__init__()
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise ExportError("ONNX Runtime is not installed: bash .ci/setup (the lock has it), or "
-                              "pip install onnxruntime") from None
-        if not (folder / ONNX_FILE).is_file():
-            raise ExportError(f"{folder / ONNX_FILE}: not found; run the export stage (dvc repro export) with this "
-                              "form in export.forms")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = num_threads or torch.get_num_threads()
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.config = AutoConfig.from_pretrained(folder)
-
-    def forward(self, **batch: torch.Tensor) -> SequenceClassifierOutput:
-        feed = {name: np.asarray(batch[name], dtype=np.int64) for name in self.input_names}
-        return SequenceClassifierOutput(logits=torch.from_numpy(self.session.run(["logits"], feed)[0]))
-
-
-class OpenVinoClassifier(torch.nn.Module):
-    """``folder``'s OpenVINO IR compiled for the CPU with its ``openvino.json`` hint; ``forward`` as
-    ``OnnxClassifier``'s.
-
-    Raises:
-        ExportError: OpenVINO is not installed, or the folder has no openvino_model.xml.
-    """
-
-    def __init__(self, folder: Path, num_threads: int | None = None):
-        super().__init__()
-        try:
-            import openvino as ov
-        except ImportError:
-            raise ExportError(f"OpenVINO is not installed: {SERVE_EXTRA}") from None
-        if not (folder / OV_FILE).is_file():
-            raise ExportError(f"{folder / OV_FILE}: not found; run the export stage (dvc repro export) with this "
-                              "form in export.forms")
-        hint = json.loads((folder / OV_CONFIG).read_text())["inference_precision"]
-        self.compiled = ov.Core().compile_model(str(folder / OV_FILE), "CPU", {
-            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": num_threads or torch.get_num_threads()})
-        self.input_names = [i.get_any_name() for i in self.compiled.inputs]
-        self.config = AutoConfig.from_pretrained(folder)
-
-    def forward(self, **batch: torch.Tensor) -> SequenceClassifierOutput:
-        feed = {name: np.asarray(batch[name], dtype=np.int64) for name in self.input_names}
-        return SequenceClassifierOutput(logits=torch.from_numpy(np.array(self.compiled(feed)[0], dtype=np.float32)))
-
-
-def load_bf16(folder: Path) -> PreTrainedModel:
-    """The ``torch-bf16`` form in ``folder``.
-
-    Raises:
-        CheckpointError: the folder lacks config, weights or tokenizer.
-    """
-    return load_finetuned(folder).to(torch.bfloat16)
-
-
-def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
-    """``model_dir`` for ``pytorch``, else ``exported_dir / form``, checked to exist without loading it.
-
-    Raises:
-        ExportError: a form the registry lacks, or a missing folder (the message says how to make it).
-    """
-    if form == PYTORCH:
-        return model_dir
-    if form not in FORMS:
-        raise ExportError(f"unknown form {form!r}: one of {[PYTORCH, *FORMS]}")
-    folder = exported_dir / form
-    if not folder.is_dir():
-        raise ExportError(f"{folder}: not found; add {form} to export.forms in params.yaml and run dvc repro export "
-                          "(torch-bf16 is skipped where the hardware has no bf16: metrics/export.json says why)")
-    return folder
-
-
-def load_form(form: str, model_dir: Path, exported_dir: Path) -> torch.nn.Module:
-    """The classifier of ``form`` (``pytorch``: ``model_dir``, fp32), by its registry entry's loader.
-
-    Raises:
-        ExportError: an unknown form, one whose folder is missing (the message says how to make it), or one whose
-            runtime is not installed.
-        CheckpointError: a PyTorch folder lacks config, weights or tokenizer.
-    """
-    if form == PYTORCH:
-        return load_finetuned(model_dir)
-    folder = form_folder(form, model_dir, exported_dir)  # checks the name before the registry is read
-    return resolve(FORMS[form].load)(folder)
-
-
-def form_speed(classifier, rows: Dataset, collator: PairCollator) -> dict:
-    """How fast ``classifier`` runs on torch's CPU threads over a tokenized split's first ``SPEED_ROWS`` rows,
-    tokenizing excluded (``benchmarks/serve.py`` times from text), after one untimed pass.
+def export_forms(params: Params, paths: Paths) -> dict:
+    """Make each form of ``export.forms`` into ``paths.exported`` (replaced only when all passed), score each on the
+    labeled splits of ``evaluate.splits`` against the PyTorch model, and time PyTorch and the forms at parity on the
+    validation split (else train).
 
     Returns:
-        ``batch_1_p50_ms``: median ms per row over ``LATENCY_ROWS`` rows one at a time; ``batch_32_rows_per_s``:
-        rows per second in batches of 32, sorted by length as ``tools.predict`` batches them.
+        metrics/export.json's content: per form its metrics per split with ``agreement`` and
+        ``max_abs_logit_diff``, ``size_mb``, what its maker records, ``speed`` (at parity) and any ``warning``, or
+        ``{"skipped": why}``; ``fastest_at_parity``: this machine, and the fastest form at batch 1 and at batch 32.
+
+    Raises:
+        ExportError: a form can't be made, or an fp32 form's logits differ from PyTorch's beyond
+            ``export.fp32_tolerance``.
     """
-    from finetune.data.batches import eval_dataloader, length_order
-
-    rows = rows.select(range(min(len(rows), SPEED_ROWS)))
-    rows = rows.remove_columns([c for c in rows.column_names if c not in ("input_ids", "attention_mask",
-                                                                          "token_type_ids")])
-    by_length = rows.select(length_order(rows))
-    singles = eval_dataloader(rows.select(range(min(len(rows), LATENCY_ROWS))), collator, 1)
-    batches = eval_dataloader(by_length, collator, 32)
-
-    def seconds(batch) -> float:
-        begin = time.perf_counter()
-        classifier(**batch)
-        return time.perf_counter() - begin
-
-    with torch.inference_mode():
-        for batch in [*singles, *batches]:  # warm-up: OpenVINO compiles for each new shape on its first call
-            classifier(**batch)
-        one = [seconds(batch) for batch in singles]
-        total = sum(seconds(batch) for batch in batches)
-    return {"batch_1_p50_ms": round(float(np.median(one)) * 1e3, 2), "batch_32_rows_per_s": round(len(rows) / total, 1)}
-
-
-def fastest(speeds: dict[str, dict], where: str) -> dict:
-    """``{"machine": where, "batch_1": form, "batch_32": form}``: the fastest of ``speeds`` (form ->
-    ``form_speed``) at each."""
-    return {"machine": where, "batch_1": min(speeds, key=lambda f: speeds[f]["batch_1_p50_ms"]),
-            "batch_32": max(speeds, key=lambda f: speeds[f]["batch_32_rows_per_s"])}
+    p = params.export
+    reference = Predictor.open(paths.finetuned)  # fp32 on the CPU, as every form runs
+    task, tokenized = reference.task, load_from_disk(str(paths.tokenized))
+    main_metric, mode = task.metric_for_best(None)
+    splits = [s for s in present_splits(params.evaluate.splits, tokenized) if is_labeled(tokenized[s])]
+    reference_metrics, reference_logits = score(reference, tokenized, splits, params.evaluate)
+    results = {PYTORCH: {**reference_metrics, "size_mb": file_size_mb(paths.finetuned)}}
+    timed = {PYTORCH: reference}
+    with atomic_dir(paths.exported) as tmp:
+        made = make_forms(reference.model, reference.tokenizer, paths.finetuned, tmp, p, tokenized["train"])
+        for form, extra in made.items():
+            if "skipped" in extra:
+                results[form] = extra
+                continue
+            predictor = Predictor.open(tmp / form, form)
+            metrics, logits = score(predictor, tokenized, splits, params.evaluate)
+            results[form] = {**{s: {**metrics[s], **parity(logits[s], reference_logits[s], predictor)}
+                                for s in splits}, "size_mb": file_size_mb(tmp / form), **extra}
+            check_parity(form, results[form], splits, reference_metrics, p, main_metric, mode)
+            if "warning" not in results[form] and (splits or not FORMS[form].lossy):  # at parity, or known to be
+                timed[form] = predictor
+        rows = tokenized["validation" if "validation" in tokenized else "train"]
+        for form, predictor in timed.items():
+            log.info("%s: timing at batch 1 and batch 32 on %d rows", form, min(len(rows), SPEED_ROWS))
+            results[form]["speed"] = form_speed(predictor, rows)
+        results["fastest_at_parity"] = fastest({form: results[form]["speed"] for form in timed},
+                                               describe_device("cpu"))
+        for form in made:
+            add_form_to_card(tmp / form / "README.md", form, results[form], results["fastest_at_parity"])
+    return results

@@ -20,16 +20,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from finetune.inference.runtimes import ONNX_FILE, OV_CONFIG, OV_FILE, SERVE_EXTRA
+
 if TYPE_CHECKING:
     from datasets import Dataset
 
     from finetune.export.make import MakeJob
 
 log = logging.getLogger(__name__)
-
-OV_FILE = "openvino_model.xml"  # with openvino_model.bin beside it
-OV_CONFIG = "openvino.json"  # {"inference_precision": "f32" | "bf16", ...}
-SERVE_EXTRA = "pip install -e '.[serve]' (or bash .ci/setup: the lock has it)"
 
 
 def openvino_missing() -> str | None:
@@ -85,7 +83,6 @@ def quantize_openvino(onnx_path: Path, folder: Path, samples: list[dict[str, np.
 
 def make_openvino_fp32(job: MakeJob) -> dict:
     """The ``openvino-fp32`` form: the base's ONNX file as IR, hint f32."""
-    from finetune.export.make import ONNX_FILE
 
     save_openvino(job.base / ONNX_FILE, job.folder, "f32")
     return {}
@@ -93,7 +90,6 @@ def make_openvino_fp32(job: MakeJob) -> dict:
 
 def make_openvino_bf16(job: MakeJob) -> dict:
     """The ``openvino-bf16`` form: the base's ONNX file as IR, hint bf16."""
-    from finetune.export.make import ONNX_FILE
 
     save_openvino(job.base / ONNX_FILE, job.folder, "bf16")
     return {}
@@ -105,7 +101,7 @@ def make_openvino_int8(job: MakeJob) -> dict:
     Raises:
         ExportError: NNCF fails on the model.
     """
-    from finetune.export.make import ONNX_FILE, model_inputs
+    from finetune.export.make import model_inputs
 
     p = job.params.openvino
     samples = calibration_rows(job.train, p.calibration_rows, p.seed, model_inputs(job.tokenizer))

@@ -1,5 +1,5 @@
 """The served forms' registry (docs/serving.md): what ``export.forms`` is validated against, and what the export
-stage, ``tools.predict --form`` and ``benchmarks/serve.py`` make and load.
+stage makes and ``finetune.inference`` loads.
 
 Makers, loaders and checks are ``"module:function"`` strings imported only when called (``resolve``): every stage
 imports this module through finetune/params.py, and none may depend on the export code, torch or ONNX.
@@ -38,13 +38,15 @@ class Form:
     Attributes:
         make: ``"module:function"`` of ``(job: MakeJob) -> dict``: writes the weights into ``job.folder`` and returns
             what metrics/export.json records beyond parity.
-        load: ``"module:function"`` of ``(folder: Path) -> torch.nn.Module`` whose ``forward(**batch)`` takes
-            ``[batch, seq_len]`` tensors and returns ``.logits [batch, num_labels]``, with ``config`` from the folder.
+        load: ``"module:function"`` of ``(folder: Path) -> torch.nn.Module`` whose
+            ``forward(**batch)`` takes ``[batch, seq_len]`` tensors and returns ``.logits [batch, num_labels]``, with
+            ``config`` from the folder.
         lossy: False: logits must equal PyTorch's within ``export.fp32_tolerance`` (else the stage fails); True:
             flagged beyond ``export.max_metric_drop``.
         loaded_with: how a user loads it, for the model card.
         base: the form this one is made from, made first and removed when ``export.forms`` omits it.
-        pytorch_module: ``tools.predict`` moves it to the accelerator; else it runs on the CPU.
+        pytorch_module: a torch module, which ``finetune.inference.Predictor`` moves to its device or accelerator;
+            else it runs on the CPU.
     """
 
     name: str
@@ -57,22 +59,23 @@ class Form:
     pytorch_module: bool = False
 
 
+_ONNX, _OPENVINO = "finetune.inference.runtimes:OnnxClassifier", "finetune.inference.runtimes:OpenVinoClassifier"
 _ONNX_LOAD = 'onnxruntime.InferenceSession("model.onnx")'
 _OPENVINO_LOAD = 'openvino.compile_model("openvino_model.xml", "CPU", <openvino.json\'s hint>)'
 
 FORMS: dict[str, Form] = {form.name: form for form in (
-    Form("onnx-fp32", "finetune.export.make:make_onnx_fp32", "finetune.export.forms:OnnxClassifier", lossy=False,
+    Form("onnx-fp32", "finetune.export.make:make_onnx_fp32", _ONNX, lossy=False,
          loaded_with=_ONNX_LOAD),
-    Form("onnx-int8", "finetune.export.make:make_onnx_int8", "finetune.export.forms:OnnxClassifier", lossy=True,
+    Form("onnx-int8", "finetune.export.make:make_onnx_int8", _ONNX, lossy=True,
          loaded_with=_ONNX_LOAD, base="onnx-fp32"),
-    Form("torch-bf16", "finetune.export.make:make_torch_bf16", "finetune.export.forms:load_bf16", lossy=True,
+    Form("torch-bf16", "finetune.export.make:make_torch_bf16", "finetune.inference.runtimes:load_bf16", lossy=True,
          loaded_with="AutoModelForSequenceClassification.from_pretrained(folder)  # bf16 weights",
          needs=(NATIVE_BF16,), pytorch_module=True),
-    Form("openvino-fp32", "finetune.export.openvino:make_openvino_fp32", "finetune.export.forms:OpenVinoClassifier",
+    Form("openvino-fp32", "finetune.export.openvino:make_openvino_fp32", _OPENVINO,
          lossy=False, loaded_with=_OPENVINO_LOAD, needs=(OPENVINO,), base="onnx-fp32"),
-    Form("openvino-bf16", "finetune.export.openvino:make_openvino_bf16", "finetune.export.forms:OpenVinoClassifier",
+    Form("openvino-bf16", "finetune.export.openvino:make_openvino_bf16", _OPENVINO,
          lossy=True, loaded_with=_OPENVINO_LOAD, needs=(NATIVE_BF16, OPENVINO), base="onnx-fp32"),
-    Form("openvino-int8", "finetune.export.openvino:make_openvino_int8", "finetune.export.forms:OpenVinoClassifier",
+    Form("openvino-int8", "finetune.export.openvino:make_openvino_int8", _OPENVINO,
          lossy=True, loaded_with=_OPENVINO_LOAD, needs=(OPENVINO,), base="onnx-fp32"),
 )}
 
@@ -101,6 +104,11 @@ def resolve(reference: str) -> Any:
     """The object a ``"module:function"`` reference names, importing its module."""
     module, _, name = reference.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def loader(name: str) -> Any:
+    """The loader of form ``name``: ``(folder) -> torch.nn.Module`` (``Form.load``)."""
+    return resolve(FORMS[name].load)
 
 
 def unmet(name: str) -> tuple[Need, str] | None:

@@ -16,11 +16,11 @@ from accelerate.utils import broadcast_object_list
 from tqdm.auto import tqdm
 
 from finetune.evaluate.collapse import collapse_check, end_of_run, note_evaluation
-from finetune.evaluate.evaluation import evaluate_split, load_metric, predictions_of
+from finetune.evaluate.evaluation import evaluate_split, load_metric
 from finetune.params import Params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir
-from finetune.tasks import Task
+from finetune.tasks import Task, predictions_of
 from finetune.train.live import TrainLog
 from finetune.train.metrics import EarlyStopping, final_metrics
 from finetune.train.resume import RunState, last_checkpoint, load_checkpoint, save_checkpoint
@@ -162,7 +162,7 @@ def evaluate_and_keep(run: Run, state: RunState, stopping: EarlyStopping, logs: 
     without ``train.keep_best``), and checkpoint the run. A collapsed evaluation is recorded in ``state.collapsed``.
     """
     p, main, unit = run.p, run.task.metrics[0], run.unit
-    validation, logits = evaluate_split(run.model, run.val_dl, run.accelerator, run.task, load_metric(run.task),
+    validation, logits = evaluate_split(run.predictor, run.validation, load_metric(run.task), run.evaluation,
                                         desc="validation")
     since = state.evaluations[-1]["step"] if state.evaluations else 0  # the steps since the previous evaluation
     parts = {name: values[since:] for name, values in state.loss_parts.items()}  # distillation's

@@ -10,19 +10,20 @@ from dataclasses import dataclass
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from datasets import load_from_disk
+from datasets import Dataset, load_from_disk
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, SchedulerType, get_scheduler
 from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
 from transformers.trainer_pt_utils import get_parameter_names
 
-from finetune.data.batches import evaluation_loader, make_collator, train_dataloader
+from finetune.data.batches import make_collator, train_dataloader
 from finetune.distill.loss import Distillation, load_teacher, with_teacher_logits
 from finetune.errors import ParamsError
 from finetune.evaluate.collapse import constant_baseline
 from finetune.evaluate.evaluation import load_metric
 from finetune.hardware import resolve_mixed_precision
+from finetune.inference.predictor import Predictor
 from finetune.modeling import load_classifier
-from finetune.params import LOOP_SCHEDULER_ARGS, Params, TrainParams
+from finetune.params import LOOP_SCHEDULER_ARGS, EvaluateParams, Params, TrainParams
 from finetune.paths import Paths
 from finetune.runtime import make_accelerator, set_cpu_threads
 from finetune.tasks import Task
@@ -45,13 +46,15 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     train_dl: torch.utils.data.DataLoader
-    val_dl: torch.utils.data.DataLoader
+    predictor: Predictor  # the model in training, for validation (``evaluation``'s batches)
     batch_order: torch.Generator  # reseeded every epoch: the batch order depends on seed and epoch only
     schedule: Schedule
     fingerprint: str
     mixed_precision: str
     parameters: int
     baseline: dict  # the constant model of train's labels on validation (finetune.evaluate.collapse.constant_baseline)
+    validation: Dataset | None = None  # the tokenized validation split
+    evaluation: EvaluateParams | None = None
     resumed_from: int = 0  # the optimizer step a resumed run continued from (0: a fresh run)
     compile_seconds: float | None = None  # the first optimizer step, with train.torch_compile
     distill: Distillation | None = None  # with distill.teacher: the loss on the teacher's logits too
@@ -94,11 +97,10 @@ def build_run(params: Params, paths: Paths) -> Run:
     parameters = sum(t.numel() for t in model.parameters())
     train_dl = train_dataloader(train_rows, make_collator(tokenizer), p.batch_size, p.seed, p.group_by_length)
     batch_order = train_dl.generator
-    val_dl, _ = evaluation_loader(tokenized["validation"], tokenizer, params.evaluate)
     optimizer = make_optimizer(model, p)
     if p.torch_compile:
         model = torch.compile(model)
-    model, optimizer, train_dl, val_dl = accelerator.prepare(model, optimizer, train_dl, val_dl)
+    model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_dl)
     schedule = Schedule.of(p, len(train_dl))
     scheduler = make_scheduler(optimizer, p, schedule)
     accelerator.register_for_checkpointing(scheduler)
@@ -120,9 +122,10 @@ def build_run(params: Params, paths: Paths) -> Run:
                                   distilling=teacher is not None)
     baseline = constant_baseline(task, load_metric(task), tokenized["train"]["labels"],
                                  tokenized["validation"]["labels"])
-    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, val_dl,
+    predictor = Predictor(model, tokenizer, task, params.tokenize.max_length, accelerator=accelerator)
+    return Run(p, task, metric_for_best, accelerator, tokenizer, model, optimizer, scheduler, train_dl, predictor,
                batch_order, schedule, fingerprint, mixed_precision, parameters, baseline,
-               distill=distill)
+               validation=tokenized["validation"], evaluation=params.evaluate, distill=distill)
 
 
 def make_optimizer(model: torch.nn.Module, p: TrainParams) -> torch.optim.AdamW:

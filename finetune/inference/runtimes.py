@@ -1,0 +1,136 @@
+"""The runtime of each served form (models/exported/<form>/) behind one interface: ``model(**batch).logits``
+``[batch, num_labels]``, ``model.config``, ``model.eval()``. ``finetune.inference.Predictor`` opens a folder through
+``load_form``; the registry (finetune/export/registry.py) names each form's loader here. Each form folder also loads
+on its own:
+
+    tokenizer = AutoTokenizer.from_pretrained("models/exported/onnx-int8")
+    session = onnxruntime.InferenceSession("models/exported/onnx-int8/model.onnx")
+    logits = session.run(None, dict(tokenizer(["A pair"], ["of sentences"], return_tensors="np")))[0]
+
+    model = AutoModelForSequenceClassification.from_pretrained("models/exported/torch-bf16")  # bf16 weights
+
+    compiled = openvino.compile_model("models/exported/openvino-int8/openvino_model.xml", "CPU",
+                                      {"INFERENCE_PRECISION_HINT": "f32"})  # the hint in the folder's openvino.json
+    logits = compiled(dict(tokenizer(["A pair"], ["of sentences"], return_tensors="np")))[0]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoConfig, PreTrainedModel
+from transformers.modeling_outputs import SequenceClassifierOutput
+
+from finetune.errors import ExportError
+from finetune.export.registry import FORMS, PYTORCH, loader
+from finetune.modeling import load_finetuned
+
+ONNX_FILE = "model.onnx"  # the ONNX forms' graph
+OV_FILE = "openvino_model.xml"  # the OpenVINO forms' IR, with openvino_model.bin beside it
+OV_CONFIG = "openvino.json"  # {"inference_precision": "f32" | "bf16", ...}
+SERVE_EXTRA = "pip install -e '.[serve]' (or bash .ci/setup: the lock has it)"
+
+
+class OnnxClassifier(torch.nn.Module):
+    """``folder``'s ``model.onnx`` in ONNX Runtime on the CPU: ``forward(**batch)`` takes the tokenizer's tensors
+    ``[batch, seq_len]`` and returns ``SequenceClassifierOutput(logits [batch, num_labels])`` (float32).
+
+    Raises:
+        ExportError: ONNX Runtime is not installed, or the folder has no model.onnx.
+    """
+
+    def __init__(self, folder: Path, num_threads: int | None = None):
+        super().__init__()
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ExportError("ONNX Runtime is not installed: bash .ci/setup (the lock has it), or "
+                              "pip install onnxruntime") from None
+        if not (folder / ONNX_FILE).is_file():
+            raise ExportError(f"{folder / ONNX_FILE}: not found; run the export stage (dvc repro export) with this "
+                              "form in export.forms")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = num_threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.config = AutoConfig.from_pretrained(folder)
+
+    def forward(self, **batch: torch.Tensor) -> SequenceClassifierOutput:
+        feed = {name: np.asarray(batch[name], dtype=np.int64) for name in self.input_names}
+        return SequenceClassifierOutput(logits=torch.from_numpy(self.session.run(["logits"], feed)[0]))
+
+
+class OpenVinoClassifier(torch.nn.Module):
+    """``folder``'s OpenVINO IR compiled for the CPU with its ``openvino.json`` hint; ``forward`` as
+    ``OnnxClassifier``'s.
+
+    Raises:
+        ExportError: OpenVINO is not installed, or the folder has no openvino_model.xml.
+    """
+
+    def __init__(self, folder: Path, num_threads: int | None = None):
+        super().__init__()
+        try:
+            import openvino as ov
+        except ImportError:
+            raise ExportError(f"OpenVINO is not installed: {SERVE_EXTRA}") from None
+        if not (folder / OV_FILE).is_file():
+            raise ExportError(f"{folder / OV_FILE}: not found; run the export stage (dvc repro export) with this "
+                              "form in export.forms")
+        hint = json.loads((folder / OV_CONFIG).read_text())["inference_precision"]
+        self.compiled = ov.Core().compile_model(str(folder / OV_FILE), "CPU", {
+            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": num_threads or torch.get_num_threads()})
+        self.input_names = [i.get_any_name() for i in self.compiled.inputs]
+        self.config = AutoConfig.from_pretrained(folder)
+
+    def forward(self, **batch: torch.Tensor) -> SequenceClassifierOutput:
+        feed = {name: np.asarray(batch[name], dtype=np.int64) for name in self.input_names}
+        return SequenceClassifierOutput(logits=torch.from_numpy(np.array(self.compiled(feed)[0], dtype=np.float32)))
+
+
+def load_bf16(folder: Path) -> PreTrainedModel:
+    """The ``torch-bf16`` form in ``folder``.
+
+    Raises:
+        CheckpointError: the folder lacks config, weights or tokenizer.
+    """
+    return load_finetuned(folder).to(torch.bfloat16)
+
+
+def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
+    """``model_dir`` for ``pytorch``, else ``exported_dir / form``, checked to exist without loading it.
+
+    Raises:
+        ExportError: a form the registry lacks, or a missing folder (the message says how to make it).
+    """
+    if form == PYTORCH:
+        return model_dir
+    if form not in FORMS:
+        raise ExportError(f"unknown form {form!r}: one of {[PYTORCH, *FORMS]}")
+    if not exported_dir.is_dir():
+        raise ExportError(f"{exported_dir}: no such folder of exported forms; make it with dvc repro export (or "
+                          "dvc pull), or name another one (--exported)")
+    folder = exported_dir / form
+    if not folder.is_dir():
+        raise ExportError(f"{folder}: not found; add {form} to export.forms in params.yaml and run dvc repro export "
+                          "(torch-bf16 is skipped where the hardware has no bf16: metrics/export.json says why)")
+    return folder
+
+
+def load_runtime(form: str, folder: Path) -> torch.nn.Module:
+    """The classifier of ``form`` in its ``folder`` (``pytorch``: a fine-tuned model, fp32) by its registry entry's
+    loader, in eval mode; an ONNX Runtime or OpenVINO form runs on as many CPU threads as torch.
+
+    Raises:
+        ExportError: an unknown form, or one whose runtime is not installed or whose file is missing.
+        CheckpointError: a PyTorch folder lacks config, weights or tokenizer.
+    """
+    if form == PYTORCH:
+        return load_finetuned(folder).eval()
+    if form not in FORMS:
+        raise ExportError(f"unknown form {form!r}: one of {[PYTORCH, *FORMS]}")
+    return loader(form)(folder).eval()
