@@ -31,7 +31,7 @@ SHELL_FENCE = re.compile(r"^\s*(```|~~~)\s*(bash|sh|shell|console)?\s*$")  # an 
 # A guide says how; its measurements are in docs/results.md and the files under metrics/ and benchmarks/, linked or
 # quoted (tools/results_block.py). docs/serving.md is exempt while it is rewritten with the serving code.
 MEASURED = {"docs/results.md", "docs/serving.md"}
-MEASUREMENT = re.compile(r"±|\b\d+\.\d{4,}\b|\b\d+(\.\d+)?\s?(ms|s|min|minutes|seconds|hours)\b|"
+MEASUREMENT = re.compile(r"±\s?\d|\b\d{1,3}\.\d{4,}\b|\b\d+(\.\d+)?\s?(ms|s|min|minutes|seconds|hours)\b|"
                          r"\b\d+\.\d+\s?(x|times)\b")
 
 
