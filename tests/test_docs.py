@@ -12,7 +12,6 @@ import contextlib
 import functools
 import importlib
 import importlib.util
-import io
 import re
 import shlex
 from pathlib import Path
@@ -47,8 +46,8 @@ def prose(text: str) -> list[str]:
 
 
 def code_spans(text: str) -> list[str]:
-    """The shell lines of a page: each line of its bash (or unnamed) fences, continuation lines joined, and each
-    inline code span of its prose, a span broken over lines joined again."""
+    """The shell lines of a page: each line of its bash (or unnamed) fences, continuation lines joined, each
+    indented command line, and each inline code span of its prose, a span broken over lines joined again."""
     found, fenced, shell, paragraph = [], False, False, []
     for line in text.splitlines() + [""]:
         if FENCE.match(line):
@@ -59,6 +58,8 @@ def code_spans(text: str) -> list[str]:
                 found[-1] = found[-1][:-1] + line
             elif shell:
                 found.append(line)
+        elif re.match(r" {4,}(dvc|python|\.venv/bin/python) ", line):  # an indented code block's line
+            found.append(line.strip())
         elif line.strip():
             paragraph.append(line.strip())
         else:
@@ -86,13 +87,13 @@ def commands(line: str) -> list[list[str]]:
     except ValueError:  # an unclosed quote: a command is named, a line of prose is not one
         return [["unparsed", line]] if re.search(r"python3? -m |\bdvc ", line) else []
     found = []
-    for words in [*segments, words]:
-        while words and (words[0] in ("do", "then", "time") or re.fullmatch(r"\w+=\S*|\$\w+", words[0])):
-            words = words[1:]
-        if len(words) > 2 and re.fullmatch(r"(\S*/)?python3?", words[0]) and words[1] == "-m":
-            found.append(["python", *words[2:]])
-        elif len(words) > 1 and words[0] == "dvc":
-            found.append(words)
+    for segment in [*segments, words]:
+        while segment and (segment[0] in ("do", "then", "time") or re.fullmatch(r"\w+=\S*|\$\w+", segment[0])):
+            segment = segment[1:]
+        if len(segment) > 2 and re.fullmatch(r"(\S*/)?python3?", segment[0]) and segment[1] == "-m":
+            found.append(["python", *segment[2:]])
+        elif len(segment) > 1 and re.fullmatch(r"(\S*/)?dvc", segment[0]):
+            found.append(segment)
     return found
 
 
@@ -147,8 +148,9 @@ def parse_problem(parser: argparse.ArgumentParser, argv: list[str]) -> str | Non
             parser.parse_args(argv)
         except Refused as refused:
             message = str(refused)
+            flags = message.split(":")[0].removeprefix("argument ").split("/")
             if message.startswith("the following arguments are required") or (
-                    message.endswith("expected one argument") and argv[-1] in message.split(":")[0].removeprefix("argument ").split("/")):
+                    message.endswith("expected one argument") and argv[-1] in flags):
                 return None  # `dvc exp push`, `dvc exp run -S`: the command or flag named, not given
             return message
     return None
@@ -169,7 +171,7 @@ def params_key_problem(setting: str) -> str | None:
     """Why a `dvc exp run -S` value names no key of params.yaml (``train.lr=3e-5``, ``~data.files.test``), else
     None. A key under a mapping that is empty or null in params.yaml (``data.files``) may be any."""
     node: object = yaml.safe_load((ROOT / "params.yaml").read_text())
-    key = setting.removeprefix("~").partition("=")[0]
+    key = setting.lstrip("~+").partition("=")[0]  # ~ removes a key, + adds one to a mapping
     for part in key.split("."):
         if node is None or node == {}:
             return None
