@@ -3,7 +3,8 @@ what the committed files give (tools/results_block.py); every `python -m` and `d
 module that exists and flags its parser accepts, and `-S` only keys of params.yaml; the guides hold no measurement
 (docs/results.md and the files hold them); every relative link points to a file that exists (and, into a .md file,
 to a heading that exists); and no guide cites the history (issue numbers) or a git tag the repository does not have.
-Fast: text and argument parsers only, no model, no subprocess."""
+Fast: text, `git show` and argument parsers only (each command's module imported, its `main()` stopped where it
+would parse), no model."""
 
 from __future__ import annotations
 
