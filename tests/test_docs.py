@@ -13,6 +13,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import json
 import re
 import shlex
 from pathlib import Path
@@ -263,6 +264,20 @@ def test_every_command_of_the_pages_runs_as_written():
     assert {argv[1] for _, argv in found} >= {"tools.predict", "tools.serve", "tools.tune", "exp"}
     wrong = [f"{page}: {shlex.join(argv)}: {problem}" for page, argv in found for problem in command_problems(argv)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_quote_is_rewritten_from_its_file_with_the_pages_decimals():
+    page = ROOT / "docs" / "page.md"  # not written: quotes() reads the files the links name
+    evaluation = json.loads((ROOT / "metrics/eval.json").read_text())
+    text = ('F1 [0.1](../metrics/eval.json "/validation/f1"), [1,000](../metrics/train.json "/parameters"), '
+            '[0](../metrics/eval.json "/validation/nothing"), [0](../metrics/none.json "/a")')
+    rewritten, problems = results_block.quotes(page, text)
+    parameters = json.loads((ROOT / "metrics/train.json").read_text())["parameters"]
+    assert rewritten.startswith(f'F1 [{evaluation["validation"]["f1"]:.1f}](../metrics/eval.json "/validation/f1"), '
+                                f'[{parameters:,}](../metrics/train.json "/parameters")')
+    assert problems == [
+        'docs/page.md: [0](../metrics/eval.json "/validation/nothing"): metrics/eval.json has no /validation/nothing',
+        'docs/page.md: [0](../metrics/none.json "/a"): no file metrics/none.json']
 
 
 def test_quotes_of_files_are_what_the_committed_files_give():

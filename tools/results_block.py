@@ -254,15 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     if new != text:
         PAGE.write_text(new)
         print(f"{PAGE.relative_to(ROOT)}: the committed run's block rewritten")
+    failed = False
     for page in pages():
         old = page.read_text()
         fresh, problems = quotes(page, old)
         for line in problems:
             print(line, file=sys.stderr)
+        failed = failed or bool(problems)
         if fresh != old:
             page.write_text(fresh)
             print(f"{page.relative_to(ROOT)}: quotes rewritten")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
