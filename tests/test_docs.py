@@ -29,8 +29,9 @@ PAGES = results_block.pages()
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
 SHELL_FENCE = re.compile(r"^\s*(```|~~~)\s*(bash|sh|shell|console)?\s*$")  # an opening fence of shell lines
-# A guide says how; its measurements are in docs/results.md and the files under metrics/ and benchmarks/, linked or
-# quoted (tools/results_block.py). docs/serving.md is exempt while it is rewritten with the serving code.
+# A guide (README.md, docs/, benchmarks/README.md) says how; its measurements are in docs/results.md and the files
+# under metrics/ and benchmarks/, linked or quoted (tools/results_block.py). docs/serving.md is exempt while it is
+# rewritten with the serving code.
 MEASURED = {"docs/results.md", "docs/serving.md"}
 MEASUREMENT = re.compile(r"±\s?\d|\b\d{1,3}\.\d{4,}\b|\b\d+(\.\d+)?\s?(ms|s|min|minutes|seconds|hours)\b|"
                          r"\b\d+\.\d+\s?(x|times)\b")
@@ -287,8 +288,9 @@ def test_quotes_of_files_are_what_the_committed_files_give():
     assert not stale, "\n".join(stale) + "\nrun `python -m tools.results_block` and commit the pages"
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.parent == ROOT or p.parent.name == "docs"
-                                  and str(p.relative_to(ROOT)) not in MEASURED], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name == "README.md" and p.parent in (ROOT, ROOT / "benchmarks")
+                                  or p.parent.name == "docs" and str(p.relative_to(ROOT)) not in MEASURED],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_guides_link_to_measurements_instead_of_copying_them(page: Path):
     text = results_block.QUOTE.sub("QUOTED", page.read_text())
     copied = [f"line {n}: {line.strip()}" for n, line in enumerate(prose(text), 1) if MEASUREMENT.search(line)]
