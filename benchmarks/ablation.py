@@ -1,5 +1,6 @@
-"""Speed settings one at a time: the project's loop with the course's settings (batch 8, fp32, random batches,
-default AdamW), then each speed setting alone, then all but torch.compile, ``SHORT_STEPS`` optimizer steps each.
+"""Speed settings one at a time: the project's loop with the course's settings (batch 8, lr 5e-5, linear schedule
+without warmup, no weight decay, fp32, random batches, default AdamW), then each speed setting alone, then all but
+torch.compile, ``SHORT_STEPS`` optimizer steps each.
 Writes benchmarks/ABLATION.md (train samples/s, ratio to the course settings, padding fraction, train seconds)."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from finetune.runtime import markdown_table
 HERE = Path(__file__).parent
 
 # The course's settings in the project's loop, then each speed setting alone, then all of them.
-COURSE_SETTINGS = {"train": {"batch_size": 8, "lr": 5e-5, "mixed_precision": "no", "group_by_length": False,
-                             "adamw_impl": "default", "torch_compile": False, "num_threads": None},
+COURSE_SETTINGS = {"train": {"batch_size": 8, "lr": 5e-5, "weight_decay": 0.0, "scheduler": "linear",
+                             "warmup_steps": 0, "warmup_ratio": 0.0, "keep_best": False, "mixed_precision": "no",
+                             "group_by_length": False, "adamw_impl": "default", "torch_compile": False,
+                             "num_threads": None},
                    "evaluate": {"batch_size": 8, "sort_by_length": False}}
 ABLATION = {
     "course settings": {},
@@ -42,7 +45,8 @@ def ablation() -> None:
     lines = ["# Speed settings, one at a time (short mode)", "",
              "Command: `python -m benchmarks.benchmark --ablation`  ", f"Date: {date.today().isoformat()}  ",
              f"Machine: {machine()['cpu']}, {machine()['cores']} threads", "",
-             f"The project's loop with the course's settings (batch 8, fp32, random batches, default AdamW), then each "
+             f"The project's loop with the course's settings (batch 8, lr 5e-5, linear without warmup, no weight "
+             f"decay, fp32, random batches, default AdamW), then each "
              f"setting alone, then all but torch.compile; {SHORT_STEPS} optimizer steps each, train samples/s.", "",
              markdown_table(["variant", "train samples/s", "ratio", "padding fraction", "train s"],
                             [[n, f"{sps:.1f}", f"{sps / base:.2f}x", f"{pad:.3f}", f"{sec:.1f}"]

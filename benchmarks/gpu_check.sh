@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path, checked on a machine with one NVIDIA GPU (docs/results.md, "The GPU path"):
+# The GPU path, checked on a machine with one NVIDIA GPU (docs/results.md, "On a GPU"):
 #
 #   bash benchmarks/gpu_check.sh [OUT]          # OUT: logs, metrics and steps.tsv (default: gpu-check/)
 #

@@ -361,6 +361,7 @@ def test_an_interrupted_distilled_run_resumes_to_the_uninterrupted_result_anothe
         assert train(alpha, paths)["resumed_from_step"] == 0
 
 
+@pytest.mark.glue
 def test_neighbour_pairs_are_of_train_texts_never_a_train_pair_a_repeat_or_a_held_out_text_of_a_pair_task():
     local_copy = yaml.safe_load((REPO / "params.yaml").read_text())["data"]["local_copy"]  # MRPC's train split
     mrpc = pd.read_parquet(REPO / local_copy / "mrpc" / "train-00000-of-00001.parquet").head(380)

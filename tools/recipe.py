@@ -128,7 +128,7 @@ def main() -> None:
     parser.add_argument("task", help="a recipe in configs/tasks/ (rte, cola, stsb, sst2, wnli), or a recipe file "
                         "(a search's metrics/search/<study>/recipe.yaml)")
     parser.add_argument("--seeds", type=int, nargs="+", help="one experiment per seed (default: the recipe's)")
-    parser.add_argument("--queue", action="store_true", help="dvc exp run --queue (then: dvc queue start)")
+    parser.add_argument("--queue", action="store_true", help="dvc exp run --queue (then: dvc exp run --run-all)")
     parser.add_argument("--name", help="experiment name (default <task>-recipe, -s<seed> per seed)")
     parser.add_argument("--run", action="store_true", help="run the commands (default: print them)")
     args = parser.parse_args()
