@@ -28,6 +28,22 @@ PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
+def first_repeated(values: list) -> Any:
+    """The first of ``values`` that appears more than once, or None."""
+    return next((v for v in dict.fromkeys(values) if values.count(v) > 1), None)
+
+
+def _each_once(values: list) -> list:
+    """``values`` unchanged; a list key names each item once (a pydantic field validator).
+
+    Raises:
+        ValueError: naming the first repeated item.
+    """
+    if (twice := first_repeated(values)) is not None:
+        raise ValueError(f"{twice!r} is listed twice; list each once")
+    return values
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -165,6 +181,8 @@ class EvaluateParams(_Section):
     # A split the data lacks (e.g. SST-2's test here) is skipped with a warning; MNLI adds the *_mismatched ones.
     splits: list[Literal["validation", "test", "validation_mismatched", "test_mismatched"]] = Field(min_length=1)
 
+    _splits_once = field_validator("splits")(_each_once)
+
 
 class TransferParams(_Section):
     """Unlabelled pairs the teacher labels for the student (finetune/distill/transfer.py, docs/distillation.md)."""
@@ -253,12 +271,7 @@ class ExportParams(_Section):
             raise ValidationError.from_exception_data("forms", unknown)
         return forms
 
-    @field_validator("forms")
-    @classmethod
-    def _each_once(cls, forms: list[str]) -> list[str]:
-        if len(set(forms)) != len(forms):
-            raise ValueError(f"a form is listed twice: {forms}")
-        return forms
+    _forms_once = field_validator("forms")(_each_once)
 
 
 class Params(_Section):
@@ -315,6 +328,9 @@ def validate_params(raw: Any, source: str) -> Params:
             key = ".".join(str(part) for part in e["loc"]) or "<top level>"
             got = "" if e["type"] in ("missing", "value_error") else f" (got {e['input']!r})"
             message = e["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+            if e["type"] == "string_type" and isinstance(e["input"], (int, float)):  # YAML reads 1, 1.0, true so
+                text = str(e["input"]).lower() if isinstance(e["input"], bool) else e["input"]
+                got += f"; quote it for the text: '{text}'"
             lines.append(f"{source}: {key}: {message}{got}")
         raise ParamsError("\n".join(lines)) from None
 

@@ -13,7 +13,7 @@ from datasets import DatasetDict
 from transformers import AutoTokenizer
 
 from finetune.data.loading import load_files, load_raw
-from finetune.data.prepare import carve_validation, data_columns, prepare_raw, split_summary
+from finetune.data.prepare import carve_validation, check_scores_vary, data_columns, prepare_raw, split_summary
 from finetune.data.sources import resolve_checkpoint, resolve_dataset, resolve_files
 from finetune.modeling import load_encoder
 from finetune.params import DataParams, load_params
@@ -34,7 +34,7 @@ def download_dataset(p: DataParams, out_dir: Path) -> dict:
         SourceError: neither the dataset nor its local copy can be found (``resolve_dataset``).
         ParamsError: the own-data keys name a column twice or set class names for a regression (``prepare_raw``).
         DataError: the files can't be loaded (``load_raw``, ``load_files``) or the data breaks a rule (``prepare_raw``,
-            ``carve_validation``).
+            ``carve_validation``, ``check_scores_vary``).
     """
     if p.files is not None:
         source = resolve_files(p.files)
@@ -57,6 +57,7 @@ def download_dataset(p: DataParams, out_dir: Path) -> dict:
     if p.max_samples:
         log.warning("Keeping only the first %d rows of each split (params.yaml data.max_samples)", p.max_samples)
         raw = DatasetDict({s: ds.select(range(min(p.max_samples, len(ds)))) for s, ds in raw.items()})
+    check_scores_vary(raw, task, where)
     with atomic_dir(out_dir) as tmp:
         raw.save_to_disk(str(tmp))
         task.save(tmp)
