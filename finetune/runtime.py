@@ -115,12 +115,15 @@ def read_yaml(text: str, source: str) -> Any:
     """``text`` read with ``yaml_reader``.
 
     Raises:
-        ParamsError: ``text`` is not YAML; the message names ``source``.
+        ParamsError: ``text`` is not YAML; one line naming ``source``, the problem and its line and column.
     """
     try:
         return yaml_reader().load(text)
     except YAMLError as err:
-        raise ParamsError(f"{source}: not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        reason = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise ParamsError(f"{source}: not valid YAML: {reason}{where}") from None
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -405,6 +405,26 @@ def test_a_checkpoint_lacking_an_encoder_weight_is_refused(checkpoint_copy, tmp_
     _assert_nothing_written(tmp_path / "pretrained")
 
 
+def _truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("load", [_load_classifier, _download_checkpoint],
+                         ids=["load_classifier", "download_checkpoint"])
+@pytest.mark.parametrize("damage,file,message", [
+    (_truncate, "model.safetensors", "cannot be read (Error while deserializing header: incomplete metadata, file not "
+                                     "fully covered); the checkpoint is damaged: save or copy it again"),
+    (lambda f: f.write_text('{"model_type": "bert",'), "config.json", "cannot be read ("),
+], ids=["truncated-weights", "invalid-config"])
+def test_a_damaged_checkpoint_file_is_named_in_one_line(checkpoint_copy, tmp_path, load, damage, file, message):
+    damage(checkpoint_copy / file)
+    with pytest.raises(CheckpointError) as err:
+        load(checkpoint_copy, tmp_path)
+    assert str(err.value).startswith(f"{checkpoint_copy / file}: {message}") and "\n" not in str(err.value)
+    assert str(err.value).endswith("the checkpoint is damaged: save or copy it again")
+    _assert_nothing_written(tmp_path / "pretrained")
+
+
 def test_missing_checkpoint_folder_names_the_key(tmp_path):
     with pytest.raises(SourceError, match=r"\(params.yaml model.checkpoint\) is neither a local folder"):
         download_checkpoint(str(tmp_path / "nowhere"), tmp_path / "pretrained")
