@@ -314,6 +314,28 @@ def with_overrides(params: Params, overrides: dict[str, dict[str, Any]], source:
     return validate_params(raw, source)
 
 
+def validate_merged(base: dict, changes: dict[str, dict], base_source: str, changes_source: str) -> dict:
+    """``base`` (params sections, e.g. params.yaml's) with ``changes`` (``{"section": {"key": value}}``, e.g. a
+    recipe's) set, validated; returns the merged sections.
+
+    Raises:
+        ParamsError: ``changes`` choose a dataset (``data.dataset`` or ``data.config``) while ``base`` keeps its own
+            files (``data.files``), naming ``base_source``'s ``data.files``; else the merge is not valid params,
+            naming ``changes_source`` and the key.
+    """
+    merged = {section: dict(values) for section, values in base.items()}
+    for section, values in changes.items():
+        merged.setdefault(section, {}).update(values)
+    data, files = changes.get("data", {}), base.get("data", {}).get("files")
+    chosen = {key: data[key] for key in ("dataset", "config") if data.get(key) is not None}
+    if files is not None and chosen and "files" not in data:
+        raise ParamsError(f"{base_source}: data.files: {files} is set, but {changes_source} chooses a dataset "
+                          f"({', '.join(f'data.{k}: {v}' for k, v in chosen.items())}); own files and a dataset can't "
+                          f"both be set: set data.files: null in {base_source}")
+    validate_params(merged, changes_source)
+    return merged
+
+
 def validate_params(raw: Any, source: str) -> Params:
     """``raw`` (params.yaml's content as Python objects) as ``Params``.
 

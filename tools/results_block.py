@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from finetune.runtime import write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
 SOURCES = ["metrics/train.json", "metrics/eval.json", "metrics/export.json", "metrics/provenance.json"]
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text = PAGE.read_text()
     start, end = current(text)
+    if not any(read(name) is not None for name in SOURCES):
+        raise SystemExit(f"{PAGE.relative_to(ROOT)}: none of {', '.join(SOURCES)} is here (run the pipeline, or "
+                         "dvc pull, first); the block is left as it is")
     new = text[:start] + block() + text[end:]
     if args.check:
         if new != text:
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if new != text:
-        PAGE.write_text(new)
+        write_text(PAGE, new)
         print(f"{PAGE.relative_to(ROOT)}: the committed run's block rewritten")
     return 0
 

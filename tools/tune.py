@@ -38,6 +38,7 @@ from finetune.errors import ParamsError
 from finetune.params import PARAMS_FILE
 from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
 from finetune.train.trial import make_pruner, open_storage, trial_env
+from tools.cli import positive_int
 from tools.recipe import flow, read_yaml
 from tools.search_space import SearchSpace, load_space, with_fixed
 from tools.tune_report import experiment_result, write_report
@@ -202,9 +203,12 @@ def connect(args: argparse.Namespace, attempts: int = 5):
 def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
     """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none).
 
+    With ``args.report``, load the study only.
+
     Raises:
         SystemExit: the storage cannot be opened (no server, a refused login, no driver): one line naming its URL,
-            password hidden. Nothing else is opened or written, the default local study included.
+            password hidden. Nothing else is opened or written, the default local study included. With
+            ``args.report``, no such study in the storage.
     """
     try:
         storage = connect(args)
@@ -215,8 +219,16 @@ def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
         raise SystemExit(f"tools.tune: cannot open the storage {shown(args.storage)}: its driver is not installed "
                          f"({err.__cause__ or err})") from None
     sampler = optuna.samplers.TPESampler(n_startup_trials=args.random_trials, seed=args.sampler_seed)
+    pruner = make_pruner(args.prune_after_trials, args.prune_from)
+    if args.report:  # a report reads a study; it never makes one
+        try:
+            return optuna.load_study(study_name=args.study, storage=storage, sampler=sampler, pruner=pruner)
+        except KeyError:
+            names = optuna.get_all_study_names(storage)
+            raise SystemExit(f"tools.tune: --report: no study {args.study!r} in {shown(args.storage)} (studies there: "
+                             f"{', '.join(names) or 'none'}); nothing written") from None
     return optuna.create_study(study_name=args.study, storage=storage, direction=direction, sampler=sampler,
-                               pruner=make_pruner(args.prune_after_trials, args.prune_from), load_if_exists=True)
+                               pruner=pruner, load_if_exists=True)
 
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -254,8 +266,8 @@ def finished(study: optuna.Study) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--space", required=True, help="the search space, e.g. configs/search/rte.yaml")
-    parser.add_argument("--trials", type=int, default=20, help="trials of the study that finish (complete, pruned "
-                        "or failed), all workers together")
+    parser.add_argument("--trials", type=positive_int, default=20, help="trials of the study that finish (complete, "
+                        "pruned or failed), all workers together")
     parser.add_argument("--study", help="the study's name, prefix of its experiments' (default: the space's name)")
     parser.add_argument("--storage", help="an Optuna database URL shared by workers, e.g. "
                         f"postgresql://user:password@host/db (default: sqlite under {TUNE_DIR}/)")
@@ -310,6 +322,9 @@ def main(argv: list[str] | None = None) -> None:
             log.warning("Interrupted: the running trial is marked FAIL and not retried; the same command continues "
                         "the study")
             sys.exit(130)
+    if not study.get_trials(deepcopy=False):
+        raise SystemExit(f"tools.tune: study {args.study} has no trials in {shown(args.storage)}: nothing to report; "
+                         f"{out}/ is left as it is")
     write_report(study, space, metric, params, out)
 
 

@@ -18,6 +18,7 @@ from datasets import DatasetDict, load_dataset, load_dataset_builder
 from datasets.exceptions import DatasetGenerationError, DatasetsError
 
 from finetune.errors import DataError
+from finetune.runtime import unwritable
 
 # What datasets and pyarrow raise on a bad folder: no data files (FileNotFoundError, DataFilesNotFoundError,
 # EmptyDatasetError), an unknown config or mismatched files (ValueError), an unreadable file (ArrowInvalid, OSError).
@@ -201,13 +202,8 @@ def check_writable(file: Path, key: str) -> None:
         raise DataError(f"{key} {file}: is a folder; name a file in it")
     if file.suffix.lower() not in WRITE_FORMATS:
         raise DataError(f"{key} {file}: unknown format {file.suffix!r}; use one of {', '.join(WRITE_FORMATS)}")
-    probe = file.with_name(f".{file.name}.tmp")
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        probe.touch()
-        probe.unlink()
-    except OSError as err:
-        raise DataError(f"{key} {file}: cannot write there: {_reason(err)}") from None
+    if reason := unwritable(file):
+        raise DataError(f"{key} {file}: {reason}")
 
 
 def write_table(df: pd.DataFrame, file: Path) -> None:
