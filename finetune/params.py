@@ -290,8 +290,8 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
     """Read and validate params.yaml.
 
     Raises:
-        ParamsError: the file is missing or not YAML, or a key is unknown, missing, of the wrong
-            type or out of range. The message names the file and each offending key, e.g.
+        ParamsError: the file is missing, unreadable (a folder, not UTF-8) or not YAML, or a key is unknown, missing,
+            of the wrong type or out of range. The message names the file and each offending key, e.g.
             ``params.yaml: train.lr: Input should be greater than 0 (got -1)``.
     """
     path = Path(path)
@@ -299,6 +299,9 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
         text = path.read_text()
     except FileNotFoundError:
         raise ParamsError(f"{path}: not found (run from the repository root)") from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else err
+        raise ParamsError(f"{path}: cannot be read ({type(err).__name__}: {reason})") from None
     return validate_params(read_yaml(text, str(path)), str(path))
 
 

@@ -214,8 +214,12 @@ def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ParamsError, match="not found"):
         load_params(tmp_path / "params.yaml")
     (tmp_path / "bad.yaml").write_text("train: [unclosed")
-    with pytest.raises(ParamsError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(ParamsError, match=r"bad.yaml: not valid YAML: expected ',' or '\]', but got '<stream end>' "
+                                          r"\(line 1, column 17\)$"):
         load_params(tmp_path / "bad.yaml")
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(ParamsError, match=r"folder.yaml: cannot be read \(IsADirectoryError: Is a directory\)$"):
+        load_params(tmp_path / "folder.yaml")
 
 
 def test_params_written_by_dvc_exp_run_are_read_as_yaml_1_2(tmp_path):

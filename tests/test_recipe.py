@@ -116,3 +116,9 @@ def test_a_failed_run_exits_with_dvcs_status_without_a_traceback(tmp_path, monke
     with pytest.raises(SystemExit) as stop:
         main(["rte", "--run"])
     assert stop.value.code == 3
+
+
+def test_outside_a_repository_the_committed_params_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"^HEAD:params.yaml: cannot be read \(fatal: not a git repository"):
+        main(["rte"])

@@ -212,6 +212,17 @@ def test_a_report_of_nothing_leaves_the_committed_report_alone(committed_reports
     assert optuna.get_all_study_names(local) == ["rte"]  # --report made no study
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["--seeds", "-1"], "tools.tune: --seeds: train.seed: Input should be greater than or equal to 0 (got -1)"),
+    (["--heartbeat", "0"], None), (["--random-trials", "-1"], None), (["--timeout", "-5"], None),
+], ids=["seed", "heartbeat", "random-trials", "timeout"])
+def test_bad_numbers_stop_before_any_trial(committed_reports, tmp_path, argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        tune_main(["--space", "configs/search/rte.yaml", *argv])
+    assert stop.value.code == says if says else stop.value.code == 2 and argv[0] in capsys.readouterr().err
+    assert not (tmp_path / ".tune/studies.db").exists()
+
+
 def test_a_report_is_written_whole_or_not_at_all(committed_reports, monkeypatch):
     # the folder is replaced when the report is whole: a failure half-way leaves the committed one
     import tools.tune_report

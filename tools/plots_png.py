@@ -20,7 +20,7 @@ import vl_convert
 
 from finetune.errors import PipelineError
 from finetune.runtime import run_stage, unwritable, write_bytes
-from tools.cli import positive_int
+from tools.cli import positive_float, positive_int
 from tools.report import dvc
 
 log = logging.getLogger(__name__)
@@ -58,10 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/plots.png"), help="the PNG to write")
     parser.add_argument("--columns", type=positive_int, default=2)
-    parser.add_argument("--scale", type=float, default=1.0, help="pixels per SVG unit")
+    parser.add_argument("--scale", type=positive_float, default=1.0, help="pixels per SVG unit")
     args = parser.parse_args(argv)
-    if args.scale <= 0:
-        parser.error(f"argument --scale: must be above 0, got {args.scale}")
     if reason := unwritable(args.out):
         raise PipelineError(f"--out {args.out}: {reason}")
     plots = json.loads(dvc("plots", "show", "--json")).get("data") or {}

@@ -66,9 +66,17 @@ COMMITTED = f"HEAD:{PARAMS_FILE}"  # the params a recipe changes, as messages na
 
 
 def committed_params() -> dict:
-    """params.yaml as committed at HEAD (the defaults a recipe changes)."""
-    text = subprocess.run(["git", "show", COMMITTED], check=True, capture_output=True, text=True).stdout
-    return read_yaml(text, COMMITTED)
+    """params.yaml as committed at HEAD (the defaults a recipe changes).
+
+    Raises:
+        ParamsError: not in a git repository, no commit yet, or HEAD has no params.yaml; with git's reason.
+    """
+    shown = subprocess.run(["git", "show", COMMITTED], capture_output=True, text=True)
+    if shown.returncode != 0:
+        reason = " ".join(shown.stderr.split()) or f"git exited {shown.returncode}"
+        raise ParamsError(f"{COMMITTED}: cannot be read ({reason}); a recipe changes the committed params.yaml: run "
+                          "it in the project's repository, with params.yaml committed")
+    return read_yaml(shown.stdout, COMMITTED)
 
 
 def flow(value: Any) -> str:

@@ -35,10 +35,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from finetune.errors import ParamsError
-from finetune.params import PARAMS_FILE
+from finetune.params import PARAMS_FILE, validate_merged
 from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
 from finetune.train.trial import make_pruner, open_storage, trial_env
-from tools.cli import positive_int
+from tools.cli import non_negative_int, positive_float, positive_int
 from tools.recipe import flow, read_yaml
 from tools.search_space import SearchSpace, load_space, with_fixed
 from tools.tune_report import experiment_result, write_report
@@ -275,16 +275,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "train.seed values, one experiment each (default: the study's, or params.yaml's train.seed)")
     parser.add_argument("--metric", help="the validation metric (default: train.metric_for_best, the task's main one)")
     parser.add_argument("--pruner", choices=["median", "none"], default="median")
-    parser.add_argument("--prune-from", type=int, default=2,
+    parser.add_argument("--prune-from", type=non_negative_int, default=2,
                         help="the first epoch (or step, with train.eval_every_steps) at which a trial may be pruned")
-    parser.add_argument("--prune-after-trials", type=int, default=3, help="complete trials before pruning starts")
-    parser.add_argument("--random-trials", type=int, default=5, help="random trials before TPE models the results")
+    parser.add_argument("--prune-after-trials", type=non_negative_int, default=3,
+                        help="complete trials before pruning starts")
+    parser.add_argument("--random-trials", type=non_negative_int, default=5,
+                        help="random trials before TPE models the results")
     parser.add_argument("--sampler-seed", type=int, help="the sampler's seed: a one-worker study proposes the same "
                         "configurations again (default: none; workers sharing a study need different seeds, or none)")
-    parser.add_argument("--timeout", type=float, help="start no trial after this many seconds (Optuna's timeout)")
-    parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a worker's heartbeats")
-    parser.add_argument("--grace", type=int, default=180, help="a trial whose worker is silent this many seconds "
-                        "(killed) is failed and retried once")
+    parser.add_argument("--timeout", type=positive_float,
+                        help="start no trial after this many seconds (Optuna's timeout)")
+    parser.add_argument("--heartbeat", type=positive_int, default=60, help="seconds between a worker's heartbeats")
+    parser.add_argument("--grace", type=positive_int, default=180, help="a trial whose worker is silent this many "
+                        "seconds (killed) is failed and retried once")
     parser.add_argument("--report", action="store_true", help="only rewrite the report of the study")
     args = parser.parse_args(argv)
     args.study = args.study or Path(args.space).stem
@@ -303,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
     params = read_yaml(Path(PARAMS_FILE).read_text(), str(PARAMS_FILE))
     try:
         space = load_space(args.space, params)
+        for seed in args.seeds or []:
+            validate_merged(params, {"train": {"seed": seed}}, str(PARAMS_FILE), "--seeds")
     except ParamsError as err:
         raise SystemExit(f"tools.tune: {err}") from None
     metric, direction = objective_metric(with_fixed(params, space.fixed), args.metric)
