@@ -260,6 +260,10 @@ BAD_OWN_FILES = [
     ("a-regression-validation-split-of-one-row",
      lambda: {**_regression(), "validation": _regression()["train"].head(1)}, {},
      "data/own/validation.csv: split 'validation': 1 row(s), every score "),
+    ("data.max_samples-leaving-train-one-class",
+     lambda: {**_own_good(), "train": _own_good()["train"].sort_values("verdict")}, {"max_samples": 5},
+     "data/own/train.csv (its first 5 rows: data.max_samples): split 'train' has one class only ('no'); a classifier "
+     "needs at least two"),
     ("too-few-rows-for-the-validation-fraction", lambda: {"train": _own_good()["train"].head(4)},
      {"validation_fraction": 0.1}, "data/own/train.csv: split 'train' (4 rows): cannot carve a validation split of "
                                    "data.validation_fraction 0.1: "),
