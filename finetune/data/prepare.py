@@ -58,7 +58,8 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
 
     The task: a GLUE task by ``p.config``; own data by ``p.text_columns`` and ``p.label_column``, with class names from
     the label's ``ClassLabel``, else ``p.label_names`` (their order is the id order; labels may be names or ids), else
-    train's sorted distinct labels. Float labels, or ``p.task_type: regression``, make it a regression.
+    train's sorted distinct labels (a WARNING names the row of a class with one train row: ``warn_rare_classes``). Float
+    labels with a fraction among them, or ``p.task_type: regression``, make it a regression (``is_regression``).
 
     The rules, checked on every split before anything is returned: a train split; the text and label columns (a test
     split may lack the label, or hold -1 or null throughout: unlabeled); rows in every split; no null, empty or
