@@ -138,9 +138,10 @@ def test_a_run_interrupted_before_its_first_evaluation_resumes_to_the_uninterrup
 
 
 def test_a_checkpoint_saved_before_the_first_evaluation_resumes(tiny_project, monkeypatch):
-    # 5 steps an epoch, evaluated at its end: stopped at step 3, after the checkpoint of step 2. A checkpoint written
-    # before the first evaluation may hold no early-stopping record ("stopping": {}); the resume starts a fresh one.
-    params = tiny_params(train={"epochs": 2, "save_every_steps": 2, "early_stopping_patience": 1})
+    # 5 steps, evaluated at the end of the epoch: stopped at step 3, after the checkpoint of step 2. A checkpoint
+    # written before the first evaluation may hold no early-stopping record ("stopping": {}); the resume starts a fresh
+    # one.
+    params = tiny_params(train={"epochs": 1, "save_every_steps": 2, "early_stopping_patience": 1, "num_threads": 1})
     expected = train(params, tiny_project("whole", params))
     reset_accelerate()
     paths = tiny_project("stopped", params)

@@ -113,6 +113,16 @@ def set_params(recipe: dict, committed: dict, workspace: dict, source: str = "re
     return pairs
 
 
+def check_seeds(seeds: list[int] | None, params: dict, source: str) -> None:
+    """Check each of ``seeds`` (a command's ``--seeds``) as ``train.seed`` of ``params`` (read from ``source``).
+
+    Raises:
+        ParamsError: naming ``--seeds`` and what ``train.seed`` allows.
+    """
+    for seed in seeds or []:
+        validate_merged(params, {"train": {"seed": seed}}, source, "--seeds")
+
+
 def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) -> list[list[str]]:
     """One `dvc exp run` argv per seed (the recipe's own seed when ``seeds`` is None).
 
@@ -123,8 +133,7 @@ def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) 
     committed = committed_params()
     pairs = set_params(load_recipe(task), committed, read_yaml(Path(PARAMS_FILE).read_text(), PARAMS_FILE),
                        source=str(recipe_path(task)))
-    for seed in seeds or []:
-        validate_merged(committed, {"train": {"seed": seed}}, COMMITTED, "--seeds")
+    check_seeds(seeds, committed, COMMITTED)
     runs = []
     for seed in seeds or [None]:
         argv = ["dvc", "exp", "run", *(["--queue"] if queue else [])]

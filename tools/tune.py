@@ -35,11 +35,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from finetune.errors import ParamsError
-from finetune.params import PARAMS_FILE, validate_merged
+from finetune.params import PARAMS_FILE
 from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
 from finetune.train.trial import make_pruner, open_storage, trial_env
 from tools.cli import non_negative_int, positive_float, positive_int
-from tools.recipe import flow, read_yaml
+from tools.recipe import check_seeds, flow, read_yaml
 from tools.search_space import SearchSpace, load_space, with_fixed
 from tools.tune_report import experiment_result, write_report
 
@@ -306,8 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     params = read_yaml(Path(PARAMS_FILE).read_text(), str(PARAMS_FILE))
     try:
         space = load_space(args.space, params)
-        for seed in args.seeds or []:
-            validate_merged(params, {"train": {"seed": seed}}, str(PARAMS_FILE), "--seeds")
+        check_seeds(args.seeds, params, str(PARAMS_FILE))
     except ParamsError as err:
         raise SystemExit(f"tools.tune: {err}") from None
     metric, direction = objective_metric(with_fixed(params, space.fixed), args.metric)
