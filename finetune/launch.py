@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.errors import PipelineError
-from finetune.runtime import yaml_reader
+from finetune.errors import ParamsError, PipelineError
+from finetune.runtime import read_yaml
 
 LAUNCHED = "FINETUNE_ACCELERATE_LAUNCHED"  # set in the processes `accelerate launch` started for a stage
 LAUNCHER = "FINETUNE_LAUNCHER"  # a command that runs the stage's command once on every machine and waits for them
@@ -88,12 +88,13 @@ def launch_if_distributed(module: str, accelerate_config: str | Path) -> None:
     ``--main_process_port``, and ``--num_processes``: the config's per machine times the machines).
 
     Raises:
+        ParamsError: the config can't be used (``read_accelerate_config``).
         PipelineError: several machines with a config of one process or one naming ``num_machines`` itself; or
             ``machines_from_env``'s errors.
     """
-    config = yaml_reader().load(Path(accelerate_config).read_text()) or {}
-    per_machine = int(config.get("num_processes") or 1)
-    distributed = str(config.get("distributed_type", "NO")).upper() != "NO" or per_machine > 1
+    config = read_accelerate_config(accelerate_config)
+    per_machine = config.get("num_processes", 1)
+    distributed = config.get("distributed_type", "NO") != "NO" or per_machine > 1
     if os.environ.get(LAUNCHED) or "LOCAL_RANK" in os.environ:  # LOCAL_RANK: started by torchrun
         return
     if not distributed:
@@ -118,6 +119,34 @@ def launch_if_distributed(module: str, accelerate_config: str | Path) -> None:
                     "--num_processes", str(machines.count * per_machine)]
     os.environ[LAUNCHED] = "1"
     _exec([*command, "-m", module])
+
+
+def read_accelerate_config(path: str | Path) -> dict:
+    """The accelerate config at ``path`` (``train.accelerate_config``), checked for what this hand-over reads:
+    ``distributed_type`` upper-cased (default ``NO``) and ``num_processes`` (default 1).
+
+    Raises:
+        ParamsError: naming the file and ``train.accelerate_config``: not YAML, empty or not a mapping,
+            ``num_processes`` not a whole number of at least 1, or ``MULTI_CPU`` over several processes without
+            MPI's ``mpirun_config: {mpirun_hostfile}`` (accelerate would start one process).
+    """
+    where = f"{path} (train.accelerate_config)"
+    config = read_yaml(Path(path).read_text(), where)
+    if not isinstance(config, dict) or not config:
+        got = "an empty file" if config is None or config == {} else f"a {type(config).__name__}"
+        raise ParamsError(f"{where}: expected accelerate's settings (distributed_type, num_processes, ...), got {got}; "
+                          "see configs/accelerate/ for examples")
+    processes = config.get("num_processes", 1)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ParamsError(f"{where}: num_processes: {processes!r} is not a whole number of at least 1")
+    kind = str(config.get("distributed_type", "NO")).upper()
+    mpi = config.get("mpirun_config") or {}
+    if kind == "MULTI_CPU" and processes > 1 and not (isinstance(mpi, dict) and mpi.get("mpirun_hostfile")):
+        raise ParamsError(f"{where}: MULTI_CPU with num_processes {processes} needs MPI (mpirun_config: "
+                          "mpirun_hostfile); without it "
+                          "accelerate starts one process. For several CPU processes use "
+                          "configs/accelerate/cpu_2proc.yaml (torchrun, gloo)")
+    return {**config, "distributed_type": kind, "num_processes": processes}
 
 
 def _exec(command: list[str]) -> None:

@@ -213,7 +213,8 @@ def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> N
     """Check that a local checkpoint folder has a config, weights (``need_weights``) and a tokenizer.
 
     Raises:
-        CheckpointError: naming the folder and the missing files, before transformers fails deep inside.
+        CheckpointError: naming the folder and the missing files, or a config.json or safetensors file that can't be
+            read (``_check_readable``), before transformers fails deep inside.
     """
     folder = Path(checkpoint_dir)
     if not folder.is_dir():
@@ -225,3 +226,27 @@ def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> N
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"{folder}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
                               "save the tokenizer with the model (tokenizer.save_pretrained)")
+    _check_readable(folder)
+
+
+def _check_readable(folder: Path) -> None:
+    """Check that the folder's config.json is a JSON object transformers reads and each safetensors file's header
+    covers the file (a copy or download cut short fails here; the tensors are not read).
+
+    Raises:
+        CheckpointError: naming the file and the reader's error, and what to do.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    again = "the checkpoint is damaged: save or copy it again"
+    try:
+        AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{folder / 'config.json'}: cannot be read ({' '.join(str(err).split())[:200]}); "
+                              f"{again}") from None
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{file}: cannot be read ({err}); {again}") from None

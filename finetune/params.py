@@ -28,6 +28,22 @@ PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
+def first_repeated(values: list) -> Any:
+    """The first of ``values`` that appears more than once, or None."""
+    return next((v for v in dict.fromkeys(values) if values.count(v) > 1), None)
+
+
+def _each_once(values: list) -> list:
+    """``values`` unchanged; a list key names each item once (a pydantic field validator).
+
+    Raises:
+        ValueError: naming the first repeated item.
+    """
+    if (twice := first_repeated(values)) is not None:
+        raise ValueError(f"{twice!r} is listed twice; list each once")
+    return values
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -165,6 +181,8 @@ class EvaluateParams(_Section):
     # A split the data lacks (e.g. SST-2's test here) is skipped with a warning; MNLI adds the *_mismatched ones.
     splits: list[Literal["validation", "test", "validation_mismatched", "test_mismatched"]] = Field(min_length=1)
 
+    _splits_once = field_validator("splits")(_each_once)
+
 
 class TransferParams(_Section):
     """Unlabelled pairs the teacher labels for the student (finetune/distill/transfer.py, docs/distillation.md)."""
@@ -253,12 +271,7 @@ class ExportParams(_Section):
             raise ValidationError.from_exception_data("forms", unknown)
         return forms
 
-    @field_validator("forms")
-    @classmethod
-    def _each_once(cls, forms: list[str]) -> list[str]:
-        if len(set(forms)) != len(forms):
-            raise ValueError(f"a form is listed twice: {forms}")
-        return forms
+    _forms_once = field_validator("forms")(_each_once)
 
 
 class Params(_Section):
@@ -277,8 +290,8 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
     """Read and validate params.yaml.
 
     Raises:
-        ParamsError: the file is missing or not YAML, or a key is unknown, missing, of the wrong
-            type or out of range. The message names the file and each offending key, e.g.
+        ParamsError: the file is missing, unreadable (a folder, not UTF-8) or not YAML, or a key is unknown, missing,
+            of the wrong type or out of range. The message names the file and each offending key, e.g.
             ``params.yaml: train.lr: Input should be greater than 0 (got -1)``.
     """
     path = Path(path)
@@ -286,6 +299,9 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
         text = path.read_text()
     except FileNotFoundError:
         raise ParamsError(f"{path}: not found (run from the repository root)") from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else err
+        raise ParamsError(f"{path}: cannot be read ({type(err).__name__}: {reason})") from None
     return validate_params(read_yaml(text, str(path)), str(path))
 
 
@@ -299,6 +315,28 @@ def with_overrides(params: Params, overrides: dict[str, dict[str, Any]], source:
     for section, values in overrides.items():
         raw.setdefault(section, {}).update(values)
     return validate_params(raw, source)
+
+
+def validate_merged(base: dict, changes: dict[str, dict], base_source: str, changes_source: str) -> dict:
+    """``base`` (params sections, e.g. params.yaml's) with ``changes`` (``{"section": {"key": value}}``, e.g. a
+    recipe's) set, validated; returns the merged sections.
+
+    Raises:
+        ParamsError: ``changes`` choose a dataset (``data.dataset`` or ``data.config``) while ``base`` keeps its own
+            files (``data.files``), naming ``base_source``'s ``data.files``; else the merge is not valid params,
+            naming ``changes_source`` and the key.
+    """
+    merged = {section: dict(values) for section, values in base.items()}
+    for section, values in changes.items():
+        merged.setdefault(section, {}).update(values)
+    data, files = changes.get("data", {}), base.get("data", {}).get("files")
+    chosen = {key: data[key] for key in ("dataset", "config") if data.get(key) is not None}
+    if files is not None and chosen and "files" not in data:
+        raise ParamsError(f"{base_source}: data.files: {files} is set, but {changes_source} chooses a dataset "
+                          f"({', '.join(f'data.{k}: {v}' for k, v in chosen.items())}); own files and a dataset can't "
+                          f"both be set: set data.files: null in {base_source}")
+    validate_params(merged, changes_source)
+    return merged
 
 
 def validate_params(raw: Any, source: str) -> Params:
@@ -315,6 +353,9 @@ def validate_params(raw: Any, source: str) -> Params:
             key = ".".join(str(part) for part in e["loc"]) or "<top level>"
             got = "" if e["type"] in ("missing", "value_error") else f" (got {e['input']!r})"
             message = e["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+            if e["type"] == "string_type" and isinstance(e["input"], (int, float)):  # YAML reads 1, 1.0, true so
+                text = str(e["input"]).lower() if isinstance(e["input"], bool) else e["input"]
+                got += f"; quote it for the text: '{text}'"
             lines.append(f"{source}: {key}: {message}{got}")
         raise ParamsError("\n".join(lines)) from None
 

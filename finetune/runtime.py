@@ -1,5 +1,5 @@
-"""How a stage runs: logging, signals and expected errors; the Accelerator and CPU threads; atomic writes; file
-hashes; YAML 1.2 as DVC reads it.
+"""How a stage runs: logging, signals and expected errors; the Accelerator and CPU threads; atomic writes and
+whether a file can be written; file hashes; YAML 1.2 as DVC reads it.
 """
 
 from __future__ import annotations
@@ -115,27 +115,55 @@ def read_yaml(text: str, source: str) -> Any:
     """``text`` read with ``yaml_reader``.
 
     Raises:
-        ParamsError: ``text`` is not YAML; the message names ``source``.
+        ParamsError: ``text`` is not YAML; one line naming ``source``, the problem and its line and column.
     """
     try:
         return yaml_reader().load(text)
     except YAMLError as err:
-        raise ParamsError(f"{source}: not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        reason = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise ParamsError(f"{source}: not valid YAML: {reason}{where}") from None
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as indented JSON, atomically: a temp file in the same folder, then a rename."""
+    """Write ``obj`` as indented JSON, atomically (``write_bytes``)."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path``, atomically (``write_bytes``)."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a temp file in the same folder (made if needed), then a
+    rename; the temp file is removed on any error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def unwritable(file: Path) -> str | None:
+    """Why a file can't be written at ``file`` (a folder; a folder that can't be made or written in), or None. Makes
+    the file's folder."""
+    if file.is_dir():
+        return "is a folder; name a file in it"
+    probe = file.with_name(f".{file.name}.tmp")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        return f"cannot write there: {type(err).__name__}: {' '.join(str(err).split())}"
+    return None
 
 
 def markdown_table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:

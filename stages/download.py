@@ -9,11 +9,13 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 from datasets import DatasetDict
 from transformers import AutoTokenizer
 
+from finetune.data.labels import check_train_classes
 from finetune.data.loading import load_files, load_raw
-from finetune.data.prepare import carve_validation, data_columns, prepare_raw, split_summary
+from finetune.data.prepare import carve_validation, check_scores_vary, data_columns, prepare_raw, split_summary
 from finetune.data.sources import resolve_checkpoint, resolve_dataset, resolve_files
 from finetune.modeling import load_encoder
 from finetune.params import DataParams, load_params
@@ -34,7 +36,7 @@ def download_dataset(p: DataParams, out_dir: Path) -> dict:
         SourceError: neither the dataset nor its local copy can be found (``resolve_dataset``).
         ParamsError: the own-data keys name a column twice or set class names for a regression (``prepare_raw``).
         DataError: the files can't be loaded (``load_raw``, ``load_files``) or the data breaks a rule (``prepare_raw``,
-            ``carve_validation``).
+            ``carve_validation``, ``check_scores_vary``; train's first ``p.max_samples`` rows of one class).
     """
     if p.files is not None:
         source = resolve_files(p.files)
@@ -57,6 +59,10 @@ def download_dataset(p: DataParams, out_dir: Path) -> dict:
     if p.max_samples:
         log.warning("Keeping only the first %d rows of each split (params.yaml data.max_samples)", p.max_samples)
         raw = DatasetDict({s: ds.select(range(min(p.max_samples, len(ds)))) for s, ds in raw.items()})
+        if not task.is_regression:
+            check_train_classes(np.asarray(raw["train"]["label"]), task.label_names,
+                                f"{where['train']} (its first {p.max_samples} rows: data.max_samples)")
+    check_scores_vary(raw, task, where)
     with atomic_dir(out_dir) as tmp:
         raw.save_to_disk(str(tmp))
         task.save(tmp)

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -365,9 +366,11 @@ def exp_show(root: Path) -> dict[str, dict]:
     return runs
 
 
-def interrupt_and_resume(params: Params, paths: Paths, monkeypatch, step: int = 7) -> dict:
+def interrupt_and_resume(params: Params, paths: Paths, monkeypatch, step: int = 7,
+                         between: Callable[[], None] | None = None) -> dict:
     """Train in this process, interrupted (KeyboardInterrupt) when optimizer step ``step`` is logged, check that
-    nothing looks finished, then train again (a resume); returns the second run's metrics."""
+    nothing looks finished, call ``between`` (if any), then train again (a resume); returns the second run's
+    metrics."""
     from finetune.train import loop as training
 
     log_step = training.TrainLog.log_step
@@ -386,6 +389,8 @@ def interrupt_and_resume(params: Params, paths: Paths, monkeypatch, step: int = 
     assert not paths.trained.exists()
     monkeypatch.setattr(training.TrainLog, "log_step", log_step)
     reset_accelerate()
+    if between is not None:
+        between()
     return training.train(params, paths)
 
 

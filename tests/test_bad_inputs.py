@@ -147,7 +147,10 @@ def _own(tmp_path, monkeypatch, frames: dict, **data) -> dict:
         name = frame[0] if isinstance(frame, tuple) else f"{split}.csv"
         path = tmp_path / "data" / "own" / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(frame[1]) if isinstance(frame, tuple) else frame.to_csv(path, index=False)
+        if isinstance(frame, tuple):
+            path.write_bytes(frame[1]) if isinstance(frame[1], bytes) else path.write_text(frame[1])
+        else:
+            frame.to_csv(path, index=False)
         files[split] = f"data/own/{name}"
     params = tiny_params(data={"dataset": None, "config": None, "local_copy": None, "files": files,
                                "text_columns": ["question", "answer"], "label_column": "verdict", **data})
@@ -163,6 +166,11 @@ def _cell(df, row, column, value):
 
 def _own_good():
     return {"train": own_frame("pair-2", 30, 0), "validation": own_frame("pair-2", 12, 1)}
+
+
+def _own_numbers():
+    """The good files with 0/1 labels."""
+    return {split: df.assign(verdict=(df["verdict"] == "yes").astype(int)) for split, df in _own_good().items()}
 
 
 def _regression():
@@ -235,6 +243,27 @@ BAD_OWN_FILES = [
     ("an-idx-that-is-not-an-integer", lambda: {"train": ("train.csv", "idx,question,answer,verdict\n"
                                                                       "a,q,x,yes\nb,r,y,no\n")},
      {}, "data/own/train.csv: split 'train' row idx=a: idx 'a' is not an integer; idx must be unique integers"),
+    ("a-latin-1-csv", lambda: {"train": ("train.csv", "question,answer,verdict\nq,a,yes\ncaf\xe9?,b,no\n".encode(
+        "latin-1"))}, {}, "data/own/train.csv: split 'train': line 3 is not UTF-8 (byte 0xe9); save the file as UTF-8"),
+    ("a-malformed-json-lines-file",
+     lambda: {"train": ("train.jsonl", '{"question": "a", "answer": "b", "verdict": 1}\n'
+                                       '{"question": "c", "answer": "d" "verdict": 0}\n')},
+     {}, "data/own/train.jsonl: split 'train': line 2 is not valid JSON: Expecting ',' delimiter (column 33); JSON "
+         "Lines holds one record per line"),
+    ("a-blank-train-label-among-0-and-1", lambda: {**_own_numbers(), "train": _cell(_own_numbers()["train"], 4,
+                                                                                    "verdict", None)},
+     {}, "data/own/train.csv: split 'train' row 4: label is missing (null); every row needs a label in ['0', '1']"),
+    ("blank-labels-in-a-labeled-test-file", lambda: {**_own_numbers(), "test": _cell(_cell(_own_numbers()[
+        "validation"], 2, "verdict", None), 5, "verdict", None)},
+     {}, "data/own/test.csv: split 'test' row 2: label is missing (null); every row needs a label in ['0', '1'] (or "
+         "none: a test split may be unlabeled throughout)"),
+    ("a-regression-validation-split-of-one-row",
+     lambda: {**_regression(), "validation": _regression()["train"].head(1)}, {},
+     "data/own/validation.csv: split 'validation': 1 row(s), every score "),
+    ("data.max_samples-leaving-train-one-class",
+     lambda: {**_own_good(), "train": _own_good()["train"].sort_values("verdict")}, {"max_samples": 5},
+     "data/own/train.csv (its first 5 rows: data.max_samples): split 'train' has one class only ('no'); a classifier "
+     "needs at least two"),
     ("too-few-rows-for-the-validation-fraction", lambda: {"train": _own_good()["train"].head(4)},
      {"validation_fraction": 0.1}, "data/own/train.csv: split 'train' (4 rows): cannot carve a validation split of "
                                    "data.validation_fraction 0.1: "),
@@ -275,6 +304,39 @@ def test_class_names_for_a_regression_are_refused(tmp_path, monkeypatch):
 
 def test_the_good_own_files_load(tmp_path, monkeypatch):
     assert _own(tmp_path, monkeypatch, _own_good())["splits"]["train"]["rows"] == 30
+
+
+def test_missing_value_words_are_texts_and_class_names(tmp_path, monkeypatch):
+    # pandas reads None, NA, null as missing by default; here only an empty cell is
+    from datasets import load_from_disk
+
+    train = _own_good()["train"].assign(verdict=lambda d: d["verdict"].replace({"no": "None"}))
+    train.loc[3, "answer"], train.loc[5, "question"] = "NA", "null"
+    record = _own(tmp_path, monkeypatch, {**_own_good(), "train": train,
+                                          "validation": _own_good()["validation"].replace({"no": "None"})})
+    assert record["task"]["label_names"] == ("None", "yes")
+    raw = load_from_disk(str(tmp_path / "data" / "raw"))
+    assert {"NA", "null"} <= set(raw["train"]["answer"]) | set(raw["train"]["question"])
+
+
+def test_a_decimal_point_among_integer_labels_keeps_a_classification(tmp_path, monkeypatch, caplog):
+    frames = {**_own_numbers(), "train": _cell(_own_numbers()["train"], 3, "verdict", "1.0")}
+    record = _own(tmp_path, monkeypatch, frames)
+    assert record["task"]["label_names"] == ("0", "1")  # not a regression
+    assert "data/own/train.csv: split 'train': the labels are written as numbers with a decimal point or with " \
+           "blanks, but all are whole numbers (0, 1): read as classes; set data.task_type: regression" in caplog.text
+
+
+@pytest.mark.parametrize("stray,message", [
+    (2, "data/own/train.csv: split 'train' row 6: class '2' has this one row of 30; a stray label? Fix the row, or "
+        "list the classes in params.yaml data.label_names"),
+    ("Yes", "data/own/train.csv: split 'train' row 6: class 'Yes' has this one row of 30; a stray label? It differs "
+            "from class 'yes' only in case or spaces. Fix the row"),
+], ids=["2-among-0-and-1", "Yes-among-yes-and-no"])
+def test_a_class_of_one_train_row_is_named_in_a_warning(tmp_path, monkeypatch, caplog, stray, message):
+    good = _own_numbers() if stray == 2 else _own_good()
+    _own(tmp_path, monkeypatch, {**good, "train": _cell(good["train"], 6, "verdict", stray)})
+    assert message in caplog.text
 
 
 def test_numbers_as_texts_are_read_as_text(tmp_path, monkeypatch):
@@ -344,6 +406,26 @@ def test_a_checkpoint_lacking_an_encoder_weight_is_refused(checkpoint_copy, tmp_
     message = r"1 weight\(s\) of the 'bert' encoder are not in the checkpoint or have another shape, e.g. \['"
     with pytest.raises(CheckpointError, match=message + r"(bert\.)?encoder.layer.1.output.dense.weight'\]"):
         load(checkpoint_copy, tmp_path)
+    _assert_nothing_written(tmp_path / "pretrained")
+
+
+def _truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("load", [_load_classifier, _download_checkpoint],
+                         ids=["load_classifier", "download_checkpoint"])
+@pytest.mark.parametrize("damage,file,message", [
+    (_truncate, "model.safetensors", "cannot be read (Error while deserializing header: incomplete metadata, file not "
+                                     "fully covered); the checkpoint is damaged: save or copy it again"),
+    (lambda f: f.write_text('{"model_type": "bert",'), "config.json", "cannot be read ("),
+], ids=["truncated-weights", "invalid-config"])
+def test_a_damaged_checkpoint_file_is_named_in_one_line(checkpoint_copy, tmp_path, load, damage, file, message):
+    damage(checkpoint_copy / file)
+    with pytest.raises(CheckpointError) as err:
+        load(checkpoint_copy, tmp_path)
+    assert str(err.value).startswith(f"{checkpoint_copy / file}: {message}") and "\n" not in str(err.value)
+    assert str(err.value).endswith("the checkpoint is damaged: save or copy it again")
     _assert_nothing_written(tmp_path / "pretrained")
 
 

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from finetune.errors import PipelineError
+from finetune.errors import ParamsError, PipelineError
 from finetune.evaluate.predictions import evaluate_model
-from finetune.launch import machines_from_env
+from finetune.launch import launch_if_distributed, machines_from_env
 from tests.helpers import REPO, make_project, project_env, python, run, start, tiny_params, write_params
 
 CPU_2PROC = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
@@ -155,3 +155,20 @@ def test_the_machines_come_from_the_launchers_environment():
                        ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "a"}, "NODE_RANK=2")):
         with pytest.raises(PipelineError, match=named):
             machines_from_env(env)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("- num_processes: 2\n", "expected accelerate's settings (distributed_type, num_processes, ...), got a list"),
+    ("", "expected accelerate's settings (distributed_type, num_processes, ...), got an empty file"),
+    ("distributed_type: MULTI_GPU\nnum_processes: [2\n", "not valid YAML: "),
+    ("distributed_type: 'NO'\nnum_processes: 0\n", "num_processes: 0 is not a whole number of at least 1"),
+    ("distributed_type: MULTI_CPU\nnum_processes: 2\n", "MULTI_CPU with num_processes 2 needs MPI (mpirun_config: "
+                                                         "mpirun_hostfile); without it accelerate starts one process"),
+], ids=["a-list", "empty", "malformed", "zero-processes", "multi-cpu-without-mpi"])
+def test_an_accelerate_config_that_cannot_be_used_is_one_line(tmp_path, text, message):
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(text)
+    with pytest.raises(ParamsError) as err:
+        launch_if_distributed("stages.train", config)
+    assert str(err.value).startswith(f"{config} (train.accelerate_config): {message}")
+    assert "\n" not in str(err.value)

@@ -220,7 +220,7 @@ def test_bad_forms_and_missing_onnxruntime_say_what_to_do(finetuned, monkeypatch
 def test_export_params_are_checked():
     with pytest.raises(ParamsError, match=r"export.forms.0: Input should be 'onnx-fp32'"):
         tiny_params(export={"forms": ["onnx"]})
-    with pytest.raises(ParamsError, match=r"export.forms: a form is listed twice"):
+    with pytest.raises(ParamsError, match=r"export.forms: 'onnx-int8' is listed twice; list each once"):
         tiny_params(export={"forms": ["onnx-int8", "onnx-int8"]})
     with pytest.raises(ParamsError, match=r"export.opset"):
         tiny_params(export={"opset": 9})

@@ -171,6 +171,9 @@ BAD = [
     ({"train.accelerate_config": ""}, "train.accelerate_config: String should have at least 1 character"),
     ({"train.learning_rate": 1e-4}, "train.learning_rate: Extra inputs are not permitted"),
     ({"evaluate.splits": []}, "evaluate.splits: List should have at least 1 item"),
+    ({"evaluate.splits": ["test", "test"]}, "evaluate.splits: 'test' is listed twice; list each once"),
+    ({"data.positive_label": 1},
+     "data.positive_label: Input should be a valid string (got 1); quote it for the text: '1'"),
     ({"evaluate.splits": ["train"]},
      "evaluate.splits.0: Input should be 'validation', 'test', 'validation_mismatched' or 'test_mismatched'"),
     ({"data.max_samples": 0}, "data.max_samples: Input should be greater than or equal to 1"),
@@ -211,8 +214,12 @@ def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ParamsError, match="not found"):
         load_params(tmp_path / "params.yaml")
     (tmp_path / "bad.yaml").write_text("train: [unclosed")
-    with pytest.raises(ParamsError, match="bad.yaml: not valid YAML"):
+    with pytest.raises(ParamsError, match=r"bad.yaml: not valid YAML: expected ',' or '\]', but got '<stream end>' "
+                                          r"\(line 1, column 17\)$"):
         load_params(tmp_path / "bad.yaml")
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(ParamsError, match=r"folder.yaml: cannot be read \(IsADirectoryError: Is a directory\)$"):
+        load_params(tmp_path / "folder.yaml")
 
 
 def test_params_written_by_dvc_exp_run_are_read_as_yaml_1_2(tmp_path):

@@ -2,6 +2,7 @@
 committed params plus the recipe, whatever an earlier experiment left in the workspace's params.yaml."""
 
 import copy
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ from dvc.utils.hydra import apply_overrides
 from finetune.errors import ParamsError
 from finetune.params import load_params
 from tests.helpers import REPO
-from tools.recipe import RECIPES, commands, load_recipe, read_yaml, set_params
+from tools.recipe import RECIPES, commands, load_recipe, main, read_yaml, set_params
 
 
 def committed() -> dict:
@@ -84,3 +85,40 @@ def test_one_command_per_seed(monkeypatch):
     out = subprocess.run([sys.executable, "-m", "tools.recipe", task], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     assert out.startswith(f"dvc exp run -n {task}-recipe -S data.config={task}")
+
+
+def test_a_recipe_choosing_a_dataset_over_committed_own_files_names_params_yaml(monkeypatch):
+    # the conflicting key is the committed params.yaml's data.files, not the recipe's data.config
+    monkeypatch.chdir(REPO)
+    own = copy.deepcopy(committed())
+    own["data"].update(dataset=None, config=None, text_columns=["text"], files={"train": "data/own/train.csv"})
+    with pytest.raises(ParamsError, match=r"^HEAD:params.yaml: data.files: \{'train': 'data/own/train.csv'\} is set, "
+                                          r"but configs/tasks/rte.yaml chooses a dataset \(data.config: rte\); own "
+                                          r"files and a dataset can't both be set: set data.files: null in "
+                                          r"HEAD:params.yaml$"):
+        set_params(load_recipe("rte"), own, own, source="configs/tasks/rte.yaml")
+
+
+def test_a_bad_seed_is_refused_before_dvc_runs(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit, match=r"^--seeds: train.seed: Input should be greater than or equal to 0 "
+                                         r"\(got -1\)$"):
+        main(["rte", "--seeds", "-1", "--run"])
+    assert capsys.readouterr().out == ""  # no command printed, none run
+
+
+def test_a_failed_run_exits_with_dvcs_status_without_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    fake = tmp_path / "dvc"
+    fake.write_text("#!/bin/sh\necho 'ERROR: what dvc says' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(SystemExit) as stop:
+        main(["rte", "--run"])
+    assert stop.value.code == 3
+
+
+def test_outside_a_repository_the_committed_params_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"^HEAD:params.yaml: cannot be read \(fatal: not a git repository"):
+        main(["rte"])

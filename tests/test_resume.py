@@ -17,7 +17,17 @@ from finetune.params import with_overrides
 from finetune.paths import Paths
 from finetune.runtime import write_json
 from finetune.train.loop import train
-from tests.helpers import REPO, make_project, make_raw, python, reset_accelerate, run, start, tiny_params
+from tests.helpers import (
+    REPO,
+    interrupt_and_resume,
+    make_project,
+    make_raw,
+    python,
+    reset_accelerate,
+    run,
+    start,
+    tiny_params,
+)
 
 EPOCHS = 3
 TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_step"}
@@ -110,6 +120,40 @@ def test_a_run_killed_three_times_resumes_to_the_uninterrupted_result(project_te
     assert logs == expected_logs
     assert json.loads((project / "metrics" / "train.json").read_text())["resumed_from_step"] >= 250
     assert not [p for p in project.rglob(".*.tmp")]  # stale temp folders of a SIGKILLed run are cleaned up
+
+
+@pytest.mark.e2e
+def test_a_run_interrupted_before_its_first_evaluation_resumes_to_the_uninterrupted_result(project_template,
+                                                                                          uninterrupted, tmp_path):
+    # Ctrl-C after the checkpoint of step 50, before the first evaluation (step 100, the end of epoch 1)
+    project = tmp_path / "p"
+    shutil.copytree(project_template, project)
+    kill_after_checkpoint(project, 50, signal.SIGINT)
+    assert not (project / "models" / "checkpoints" / "best").exists()  # no evaluation yet
+    assert "Resuming from step 50" in run_train(project)
+    weights, metrics, logs = outcome(project)
+    expected_weights, expected_metrics, expected_logs = uninterrupted
+    assert all(weights[name].equal(tensor) for name, tensor in expected_weights.items())
+    assert (metrics, logs) == (expected_metrics, expected_logs)
+
+
+def test_a_checkpoint_saved_before_the_first_evaluation_resumes(tiny_project, monkeypatch):
+    # 5 steps, evaluated at the end of the epoch: stopped at step 3, after the checkpoint of step 2. A checkpoint
+    # written before the first evaluation may hold no early-stopping record ("stopping": {}); the resume starts a fresh
+    # one.
+    params = tiny_params(train={"epochs": 1, "save_every_steps": 2, "early_stopping_patience": 1, "num_threads": 1})
+    expected = train(params, tiny_project("whole", params))
+    reset_accelerate()
+    paths = tiny_project("stopped", params)
+
+    def forget_the_stopping_record():
+        state = paths.checkpoints / "step-2" / "trainer_state.json"
+        state.write_text(json.dumps({**json.loads(state.read_text()), "stopping": {}}))
+
+    metrics = interrupt_and_resume(params, paths, monkeypatch, step=3, between=forget_the_stopping_record)
+    assert metrics["resumed_from_step"] == 2
+    assert {k: v for k, v in metrics.items() if k not in TIMING_KEYS} == \
+        {k: v for k, v in expected.items() if k not in TIMING_KEYS}
 
 
 def test_changed_params_start_afresh_instead_of_resuming(project_template, tmp_path):

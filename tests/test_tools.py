@@ -1,5 +1,5 @@
 """The tools: the seed summary groups experiments that differ only in their seed (mean, sample std, values); the
-plots grid lays out every plot."""
+plots grid lays out every plot; a command with nothing to report, or a bad output path, leaves what was written."""
 
 import pandas as pd
 import pytest
@@ -86,3 +86,62 @@ def test_metrics_no_experiment_has_are_left_out():
     check = {"validation.baseline.f1": [0.81, 0.81], "validation.baseline.class": ["equivalent"] * 2,
              "validation.most_predicted.share": [0.7, 0.8], "validation.collapsed": [False, True]}
     assert metric_columns(df.assign(**check))[:2] == ["validation.f1", "best_epoch"]
+
+
+# Nothing written is lost to a command that did nothing, and a bad output path is one line.
+
+def test_summarize_refuses_a_folder_as_out_or_md_before_reading_experiments(tmp_path, monkeypatch):
+    import tools.summarize
+
+    monkeypatch.setattr(tools.summarize, "load_experiments", lambda *a: pytest.fail("read experiments"))
+    for option in ("--out", "--md"):
+        with pytest.raises(SystemExit, match=f"^ERROR: {option} {tmp_path}: is a folder; name a file in it$"):
+            tools.summarize.main(["--match", "*", option, str(tmp_path)])
+
+
+@pytest.mark.parametrize("commit", [False, True], ids=["not-a-repository", "before-the-first-commit"])
+def test_report_outside_a_repository_with_a_commit_is_one_line(tmp_path, monkeypatch, commit):
+    import subprocess
+
+    from tools.report import ReportError, write_report
+
+    monkeypatch.chdir(tmp_path)
+    if commit:
+        subprocess.run(["git", "init", "-q"], check=True)
+    with pytest.raises(ReportError, match=f"^{tmp_path}: not a git repository with a commit; tools.report compares "
+                                          "revisions"):
+        write_report(out_dir=tmp_path / "report")
+    assert not (tmp_path / "report").exists()
+
+
+def test_results_block_without_metrics_leaves_the_page_alone(tmp_path, monkeypatch):
+    from tools import results_block
+
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    page.write_text(f"# Results\n\n{results_block.BEGIN}\n\nthe committed run\n\n{results_block.END}\n")
+    before = page.read_text()
+    monkeypatch.setattr(results_block, "ROOT", tmp_path)
+    monkeypatch.setattr(results_block, "PAGE", page)
+    with pytest.raises(SystemExit, match="none of metrics/train.json, .* is here .*; the block is left as it is"):
+        results_block.main([])
+    assert page.read_text() == before
+
+
+def test_plots_png_without_plots_leaves_the_png_alone(tmp_path, monkeypatch):
+    import tools.plots_png
+    from finetune.errors import PipelineError
+
+    png = tmp_path / "plots.png"
+    png.write_bytes(b"the committed grid")
+    monkeypatch.setattr(tools.plots_png, "dvc", lambda *args: '{"data": {}}')
+    with pytest.raises(PipelineError, match=f"no plot has data in the workspace .*; {png} is left as it is"):
+        tools.plots_png.main(["--out", str(png)])
+    assert png.read_bytes() == b"the committed grid"
+
+
+def test_the_plots_grid_has_no_more_columns_than_plots():
+    from tools.plots_png import grid_svg
+
+    plot = '<svg xmlns="http://www.w3.org/2000/svg" width="100" height="50"></svg>'
+    assert 'width="216.0" height="50.0"' in grid_svg([plot, plot], columns=5)

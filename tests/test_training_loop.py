@@ -110,6 +110,14 @@ def test_a_bad_scheduler_kwarg_is_one_params_error(scheduler, kwargs, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_warmup_longer_than_the_run_is_one_params_error():
+    with pytest.raises(ParamsError) as err:
+        _lrs("linear", {}, total=3, warmup=100)
+    assert str(err.value) == ("params.yaml: train.warmup_steps: 100 is more than the run's 3 optimizer steps, so the "
+                              "learning rate would never reach train.lr (0.5); use at most 3, or train.warmup_ratio")
+    assert len(_lrs("linear", {}, total=3, warmup=3)) == 3  # as long as the run: allowed
+
+
 @pytest.mark.parametrize("values,patience,threshold,stop_after,best", [
     ([0.5, 0.6, 0.6, 0.59, 0.7], 2, 0.0, 4, 2),     # two epochs without improvement after epoch 2
     ([0.5, 0.6, 0.605, 0.608, 0.62], 2, 0.01, 4, 2),  # gains of 0.005 and 0.008 are not above 0.01

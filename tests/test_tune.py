@@ -181,6 +181,79 @@ def test_a_database_that_is_down_stops_with_one_line_and_the_local_study_stays(t
     assert report.read_text() == "the local study's report"
 
 
+@pytest.fixture
+def committed_reports(tmp_path, monkeypatch) -> Path:
+    """A fresh clone's project in tmp_path: params.yaml, the spaces, an empty .tune/ and the committed report of study
+    rte (metrics/search/rte/); returns that report's trials.md."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "params.yaml", tmp_path)
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    shutil.copytree(REPO / "metrics/search/rte", tmp_path / "metrics/search/rte")
+    return tmp_path / "metrics/search/rte/trials.md"
+
+
+def test_a_report_of_nothing_leaves_the_committed_report_alone(committed_reports, tmp_path):
+    before = {p.name: p.read_bytes() for p in committed_reports.parent.iterdir()}
+    with pytest.raises(SystemExit) as stop:  # argparse: --trials counts trials to finish
+        tune_main(["--space", "configs/search/rte.yaml", "--trials", "0"])
+    assert stop.value.code == 2
+    local = f"sqlite:///{(tmp_path / '.tune/studies.db').resolve()}"
+    with pytest.raises(SystemExit, match=f"^tools.tune: --report: no study 'rte' in {local} \\(studies there: none\\); "
+                                         "nothing written$"):
+        tune_main(["--space", "configs/search/rte.yaml", "--report"])
+    with pytest.raises(SystemExit, match="--report: no study 'nosuchstudy'"):
+        tune_main(["--space", "configs/search/rte.yaml", "--report", "--study", "nosuchstudy"])
+    optuna.create_study(study_name="rte", storage=local)  # a study without trials
+    with pytest.raises(SystemExit, match="^tools.tune: study rte has no trials in .*: nothing to report; "
+                                         "metrics/search/rte/ is left as it is$"):
+        tune_main(["--space", "configs/search/rte.yaml", "--report"])
+    assert {p.name: p.read_bytes() for p in committed_reports.parent.iterdir()} == before
+    assert sorted(p.name for p in (tmp_path / "metrics/search").iterdir()) == ["rte"]
+    assert optuna.get_all_study_names(local) == ["rte"]  # --report made no study
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--seeds", "-1"], "tools.tune: --seeds: train.seed: Input should be greater than or equal to 0 (got -1)"),
+    (["--heartbeat", "0"], None), (["--random-trials", "-1"], None), (["--timeout", "-5"], None),
+], ids=["seed", "heartbeat", "random-trials", "timeout"])
+def test_bad_numbers_stop_before_any_trial(committed_reports, tmp_path, argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        tune_main(["--space", "configs/search/rte.yaml", *argv])
+    assert stop.value.code == says if says else stop.value.code == 2 and argv[0] in capsys.readouterr().err
+    assert not (tmp_path / ".tune/studies.db").exists()
+
+
+def test_a_report_is_written_whole_or_not_at_all(committed_reports, monkeypatch):
+    # the folder is replaced when the report is whole: a failure half-way leaves the committed one
+    import tools.tune_report
+
+    study = optuna.create_study(study_name="rte", direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=0.6, params={"train.lr": 1e-4},
+                                              distributions={"train.lr": optuna.distributions.FloatDistribution(
+                                                  1e-5, 1e-3, log=True)}))
+    space = load_space(REPO / "configs/search/rte.yaml", COMMITTED)
+    before = committed_reports.read_text()
+
+    def broken(study, out):
+        raise RuntimeError("the plot failed")
+
+    with monkeypatch.context() as patched, pytest.raises(RuntimeError):
+        patched.setattr(tools.tune_report, "write_plots", broken)
+        tools.tune_report.write_report(study, space, "accuracy", COMMITTED, committed_reports.parent)
+    assert committed_reports.read_text() == before and not list(committed_reports.parent.parent.glob(".rte.*"))
+    tools.tune_report.write_report(study, space, "accuracy", COMMITTED, committed_reports.parent)
+    assert "1 trials: 1 complete" in committed_reports.read_text()
+
+
+def test_a_space_choosing_a_dataset_over_own_files_names_params_yaml(tmp_path):
+    own = {**COMMITTED, "data": {**COMMITTED["data"], "dataset": None, "config": None, "text_columns": ["text"],
+                                 "files": {"train": "data/own/train.csv"}}}
+    with pytest.raises(ParamsError, match=r"^params.yaml: data.files: \{'train': 'data/own/train.csv'\} is set, but "
+                                          r".*rte.yaml \(fixed\) chooses a dataset \(data.config: rte\); own files and "
+                                          r"a dataset can't both be set: set data.files: null in params.yaml$"):
+        load_space(REPO / "configs/search/rte.yaml", own)
+
+
 def test_pruner_stops_the_run_and_train_json_says_so(tiny_project, tmp_path, monkeypatch):
     # three finished trials that scored 2.0 at every epoch: any F1 is below their median from epoch 1
     storage = f"sqlite:///{tmp_path / 'study.db'}"

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import vl_convert
 
-from finetune.runtime import run_stage
+from finetune.errors import PipelineError
+from finetune.runtime import run_stage, unwritable, write_bytes
+from tools.cli import positive_float, positive_int
 from tools.report import dvc
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,9 @@ def svg_size(svg: str) -> tuple[float, float]:
 
 
 def grid_svg(svgs: list[str], columns: int, gap: float = 16) -> str:
-    """One SVG holding ``svgs`` in rows of ``columns``, each cell as wide as the widest plot of its column."""
+    """One SVG holding ``svgs`` (at least one) in rows of ``columns`` (at most as many as plots), each cell as wide as
+    the widest plot of its column."""
+    columns = min(columns, len(svgs))
     sizes = [svg_size(s) for s in svgs]
     widths = [max(w for w, _ in sizes[c::columns]) for c in range(columns)]
     cells, y = [], 0.0
@@ -50,16 +54,20 @@ def grid_svg(svgs: list[str], columns: int, gap: float = 16) -> str:
             f'<rect width="100%" height="100%" fill="white"/>{"".join(cells)}</svg>')
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/plots.png"), help="the PNG to write")
-    parser.add_argument("--columns", type=int, default=2)
-    parser.add_argument("--scale", type=float, default=1.0, help="pixels per SVG unit")
-    args = parser.parse_args()
-    plots = json.loads(dvc("plots", "show", "--json"))["data"]
+    parser.add_argument("--columns", type=positive_int, default=2)
+    parser.add_argument("--scale", type=positive_float, default=1.0, help="pixels per SVG unit")
+    args = parser.parse_args(argv)
+    if reason := unwritable(args.out):
+        raise PipelineError(f"--out {args.out}: {reason}")
+    plots = json.loads(dvc("plots", "show", "--json")).get("data") or {}
     svgs = [vl_convert.vegalite_to_svg(entries[0]["content"]) for entries in plots.values() if entries]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(vl_convert.svg_to_png(grid_svg(svgs, args.columns), scale=args.scale))
+    if not svgs:
+        raise PipelineError(f"dvc plots show: no plot has data in the workspace (run the pipeline first); {args.out} "
+                            "is left as it is")
+    write_bytes(args.out, vl_convert.svg_to_png(grid_svg(svgs, args.columns), scale=args.scale))
     log.info("Wrote %s: %d plots (%s)", args.out, len(svgs), ", ".join(plots))
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.errors import ParamsError
-from finetune.params import PARAMS_FILE, validate_params
+from finetune.params import PARAMS_FILE, validate_merged
 from finetune.runtime import read_yaml as read_any_yaml
 from finetune.runtime import yaml_reader
 
@@ -62,10 +62,21 @@ def load_recipe(task: str, recipes: Path = RECIPES) -> dict:
     return read_yaml(path.read_text(), str(path))
 
 
+COMMITTED = f"HEAD:{PARAMS_FILE}"  # the params a recipe changes, as messages name them
+
+
 def committed_params() -> dict:
-    """params.yaml as committed at HEAD (the defaults a recipe changes)."""
-    text = subprocess.run(["git", "show", f"HEAD:{PARAMS_FILE}"], check=True, capture_output=True, text=True).stdout
-    return read_yaml(text, f"HEAD:{PARAMS_FILE}")
+    """params.yaml as committed at HEAD (the defaults a recipe changes).
+
+    Raises:
+        ParamsError: not in a git repository, no commit yet, or HEAD has no params.yaml; with git's reason.
+    """
+    shown = subprocess.run(["git", "show", COMMITTED], capture_output=True, text=True)
+    if shown.returncode != 0:
+        reason = " ".join(shown.stderr.split()) or f"git exited {shown.returncode}"
+        raise ParamsError(f"{COMMITTED}: cannot be read ({reason}); a recipe changes the committed params.yaml: run "
+                          "it in the project's repository, with params.yaml committed")
+    return read_yaml(shown.stdout, COMMITTED)
 
 
 def flow(value: Any) -> str:
@@ -83,13 +94,12 @@ def set_params(recipe: dict, committed: dict, workspace: dict, source: str = "re
     Keys are compared whole at ``section.key`` (a mapping such as ``data.files`` is one value).
 
     Raises:
-        ParamsError: the recipe's result is not valid params (an unknown key, a bad value); a mapping value would
-            have to change into another mapping, which `-S` merges instead of replacing.
+        ParamsError: the recipe's result is not valid params (an unknown key, a bad value; naming ``source``), or the
+            recipe chooses a dataset while the committed params.yaml sets ``data.files`` (naming that key:
+            ``validate_merged``); a mapping value would have to change into another mapping, which `-S` merges
+            instead of replacing.
     """
-    target = {section: dict(values) for section, values in committed.items()}
-    for section, values in recipe.items():
-        target.setdefault(section, {}).update(values)
-    validate_params(target, source)
+    target = validate_merged(committed, recipe, COMMITTED, source)
     pairs = []
     for section, values in target.items():
         for key, value in values.items():
@@ -103,11 +113,27 @@ def set_params(recipe: dict, committed: dict, workspace: dict, source: str = "re
     return pairs
 
 
+def check_seeds(seeds: list[int] | None, params: dict, source: str) -> None:
+    """Check each of ``seeds`` (a command's ``--seeds``) as ``train.seed`` of ``params`` (read from ``source``).
+
+    Raises:
+        ParamsError: naming ``--seeds`` and what ``train.seed`` allows.
+    """
+    for seed in seeds or []:
+        validate_merged(params, {"train": {"seed": seed}}, source, "--seeds")
+
+
 def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) -> list[list[str]]:
-    """One `dvc exp run` argv per seed (the recipe's own seed when ``seeds`` is None)."""
-    recipe = load_recipe(task)
-    pairs = set_params(recipe, committed_params(), read_yaml(Path(PARAMS_FILE).read_text(), PARAMS_FILE),
+    """One `dvc exp run` argv per seed (the recipe's own seed when ``seeds`` is None).
+
+    Raises:
+        ParamsError: the recipe is missing or invalid, does not fit the committed params.yaml (``validate_merged``),
+            or a seed is not a valid ``train.seed`` (naming ``--seeds``).
+    """
+    committed = committed_params()
+    pairs = set_params(load_recipe(task), committed, read_yaml(Path(PARAMS_FILE).read_text(), PARAMS_FILE),
                        source=str(recipe_path(task)))
+    check_seeds(seeds, committed, COMMITTED)
     runs = []
     for seed in seeds or [None]:
         argv = ["dvc", "exp", "run", *(["--queue"] if queue else [])]
@@ -123,7 +149,7 @@ def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) 
     return runs
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("task", help="a recipe in configs/tasks/ (rte, cola, stsb, sst2, wnli), or a recipe file "
                         "(a search's metrics/search/<study>/recipe.yaml)")
@@ -131,15 +157,15 @@ def main() -> None:
     parser.add_argument("--queue", action="store_true", help="dvc exp run --queue (then: dvc exp run --run-all)")
     parser.add_argument("--name", help="experiment name (default <task>-recipe, -s<seed> per seed)")
     parser.add_argument("--run", action="store_true", help="run the commands (default: print them)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         runs = commands(args.task, args.seeds, args.queue, args.name)
     except ParamsError as err:
         raise SystemExit(str(err)) from None
     for argv in runs:
         print(shlex.join(argv), flush=True)
-        if args.run:
-            subprocess.run(argv, check=True)
+        if args.run and (code := subprocess.run(argv).returncode):
+            raise SystemExit(code)  # dvc has said why
 
 
 if __name__ == "__main__":

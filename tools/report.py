@@ -22,7 +22,7 @@ from pathlib import Path
 import vl_convert
 
 from finetune.errors import PipelineError
-from finetune.runtime import run_stage
+from finetune.runtime import run_stage, write_text
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,25 @@ def dvc(*args: str) -> str:
     return result.stdout
 
 
+def check_repository() -> None:
+    """Check that the working directory is in a git repository with at least one commit (the revisions compared).
+
+    Raises:
+        ReportError: naming the working directory and what to do.
+    """
+    head = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        raise ReportError(f"{Path.cwd()}: not a git repository with a commit; tools.report compares revisions: run "
+                          "it in the project's repository (git init, git commit first)")
+
+
 def render_plots(revs: list[str], out_dir: Path, plot_ids: list[str]) -> dict[str, Path]:
     """Render ``plot_ids`` (ids, or prefixes ending in '/') of ``dvc plots diff <revs>`` to ``out_dir/<name>.png``
     (the id with '/' as '_'); return {id: path} of those found."""
-    specs = json.loads(dvc("plots", "diff", *revs, "--json"))["data"]
+    shown = json.loads(dvc("plots", "diff", *revs, "--json"))
+    if "data" not in shown:
+        raise ReportError(f"dvc plots diff {' '.join(revs)} --json gave no plots: {shown.get('errors') or shown}")
+    specs = shown["data"]
     out_dir.mkdir(parents=True, exist_ok=True)
     images = {}
     for key in plot_ids:
@@ -74,8 +89,10 @@ def write_report(base: str = "main", rev: str = WORKSPACE, out_dir: Path = Path(
         The Markdown file's path.
 
     Raises:
-        ReportError: a dvc command failed, e.g. on a revision that is neither in git nor an experiment.
+        ReportError: not in a git repository with a commit, or a dvc command failed, e.g. on a revision that is
+            neither in git nor an experiment.
     """
+    check_repository()
     revs = [base] + ([] if rev == WORKSPACE else [rev])  # DVC resolves branches, commits and experiment names
     params = _rows_or(dvc("params", "diff", *revs, "--md"), "No params changed.")
     metrics = _rows_or(dvc("metrics", "diff", *revs, "--md", "--precision", "4"), "No metrics changed.")
@@ -89,7 +106,7 @@ def write_report(base: str = "main", rev: str = WORKSPACE, out_dir: Path = Path(
     rev_option = "" if rev == WORKSPACE else f" --rev {rev}"
     lines += [f"Regenerate: `python -m tools.report --base {base}{rev_option}`", ""]
     report = out_dir / "report.md"
-    report.write_text("\n".join(lines))
+    write_text(report, "\n".join(lines))
     log.info("Wrote %s (%d plots)", report, len(images))
     return report
 

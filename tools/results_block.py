@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from finetune.runtime import write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results.md"
 SOURCES = ["metrics/train.json", "metrics/eval.json", "metrics/export.json", "metrics/provenance.json",
@@ -241,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text = PAGE.read_text()
     start, end = current(text)
+    if not any(read(name) is not None for name in SOURCES):
+        raise SystemExit(f"{PAGE.relative_to(ROOT)}: none of {', '.join(SOURCES)} is here (run the pipeline, or "
+                         "dvc pull, first); the block is left as it is")
     new = text[:start] + block() + text[end:]
     if args.check:
         stale = stale_quotes()
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             print("run `python -m tools.results_block`", file=sys.stderr)
         return 1 if stale else 0
     if new != text:
-        PAGE.write_text(new)
+        write_text(PAGE, new)
         print(f"{PAGE.relative_to(ROOT)}: the committed run's block rewritten")
     failed = False
     for page in pages():

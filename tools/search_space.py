@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from finetune.errors import ParamsError
-from finetune.params import validate_params
+from finetune.params import PARAMS_FILE, validate_merged, validate_params
 from finetune.runtime import read_yaml
 
 RANGE_FIELDS = {"low", "high", "log", "step"}
@@ -109,8 +109,10 @@ def load_space(path: str | Path, params: dict) -> SearchSpace:
 
     Raises:
         ParamsError: one line naming ``path`` and the key: not a mapping of ``fixed``/``space``, a key params.yaml
-            lacks (or a whole section), a bad range or choice list (``check_spec``), or a value that is not valid
-            params (e.g. ``train.scheduler: {choices: [linear, bogus]}``, ``train.batch_size: {low: 0.5, …}``).
+            lacks (or a whole section), ``fixed`` choosing a dataset while params.yaml sets ``data.files`` (naming
+            params.yaml's key, ``validate_merged``), a bad range or choice list (``check_spec``), or a value that is
+            not valid params (e.g. ``train.scheduler: {choices: [linear, bogus]}``, ``train.batch_size: {low: 0.5,
+            …}``).
     """
     where = str(path)
     if not Path(path).is_file():
@@ -128,8 +130,7 @@ def load_space(path: str | Path, params: dict) -> SearchSpace:
             raise ParamsError(f"{where}: {key}: not a key of params.yaml (write section.key, e.g. train.lr)")
         if key in fixed and key in space:
             raise ParamsError(f"{where}: {key}: both fixed and searched")
-    base = with_fixed(params, fixed)
-    validate_params(base, f"{where} (fixed)")
+    base = validate_merged(params, nested(fixed), str(PARAMS_FILE), f"{where} (fixed)")
     for key, spec in space.items():
         check_spec(key, spec, where)
         section, name = key.split(".", 1)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from finetune.runtime import markdown_table, write_json
+from finetune.runtime import markdown_table, unwritable, write_json, write_text
 from tools.cli import positive_int
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def _plain(value):
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--match", action="append", required=True,
@@ -176,7 +176,10 @@ def main() -> None:
                         "difference of the main validation metric and its standard error")
     parser.add_argument("--with-test", action="store_true",
                         help="also summarise test metrics (only for the chosen configuration: select on validation)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for option, file in (("--out", args.out), ("--md", args.md)):
+        if file is not None and (reason := unwritable(file)):
+            raise SystemExit(f"ERROR: {option} {file}: {reason}")
 
     df = load_experiments(args.match, args.num, args.rev)
     metrics = metric_columns(df, args.with_test)
@@ -193,8 +196,7 @@ def main() -> None:
                               "experiments": experiments})
         log.info("Wrote %s", args.out)
     if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(table)
+        write_text(args.md, table)
         log.info("Wrote %s", args.md)
 
 

@@ -38,7 +38,8 @@ from finetune.errors import ParamsError
 from finetune.params import PARAMS_FILE
 from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
 from finetune.train.trial import make_pruner, open_storage, trial_env
-from tools.recipe import flow, read_yaml
+from tools.cli import non_negative_int, positive_float, positive_int
+from tools.recipe import check_seeds, flow, read_yaml
 from tools.search_space import SearchSpace, load_space, with_fixed
 from tools.tune_report import experiment_result, write_report
 
@@ -202,9 +203,12 @@ def connect(args: argparse.Namespace, attempts: int = 5):
 def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
     """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none).
 
+    With ``args.report``, load the study only.
+
     Raises:
         SystemExit: the storage cannot be opened (no server, a refused login, no driver): one line naming its URL,
-            password hidden. Nothing else is opened or written, the default local study included.
+            password hidden. Nothing else is opened or written, the default local study included. With
+            ``args.report``, no such study in the storage.
     """
     try:
         storage = connect(args)
@@ -215,8 +219,16 @@ def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
         raise SystemExit(f"tools.tune: cannot open the storage {shown(args.storage)}: its driver is not installed "
                          f"({err.__cause__ or err})") from None
     sampler = optuna.samplers.TPESampler(n_startup_trials=args.random_trials, seed=args.sampler_seed)
+    pruner = make_pruner(args.prune_after_trials, args.prune_from)
+    if args.report:  # a report reads a study; it never makes one
+        try:
+            return optuna.load_study(study_name=args.study, storage=storage, sampler=sampler, pruner=pruner)
+        except KeyError:
+            names = optuna.get_all_study_names(storage)
+            raise SystemExit(f"tools.tune: --report: no study {args.study!r} in {shown(args.storage)} (studies there: "
+                             f"{', '.join(names) or 'none'}); nothing written") from None
     return optuna.create_study(study_name=args.study, storage=storage, direction=direction, sampler=sampler,
-                               pruner=make_pruner(args.prune_after_trials, args.prune_from), load_if_exists=True)
+                               pruner=pruner, load_if_exists=True)
 
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
@@ -254,8 +266,8 @@ def finished(study: optuna.Study) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--space", required=True, help="the search space, e.g. configs/search/rte.yaml")
-    parser.add_argument("--trials", type=int, default=20, help="trials of the study that finish (complete, pruned "
-                        "or failed), all workers together")
+    parser.add_argument("--trials", type=positive_int, default=20, help="trials of the study that finish (complete, "
+                        "pruned or failed), all workers together")
     parser.add_argument("--study", help="the study's name, prefix of its experiments' (default: the space's name)")
     parser.add_argument("--storage", help="an Optuna database URL shared by workers, e.g. "
                         f"postgresql://user:password@host/db (default: sqlite under {TUNE_DIR}/)")
@@ -263,16 +275,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "train.seed values, one experiment each (default: the study's, or params.yaml's train.seed)")
     parser.add_argument("--metric", help="the validation metric (default: train.metric_for_best, the task's main one)")
     parser.add_argument("--pruner", choices=["median", "none"], default="median")
-    parser.add_argument("--prune-from", type=int, default=2,
+    parser.add_argument("--prune-from", type=non_negative_int, default=2,
                         help="the first epoch (or step, with train.eval_every_steps) at which a trial may be pruned")
-    parser.add_argument("--prune-after-trials", type=int, default=3, help="complete trials before pruning starts")
-    parser.add_argument("--random-trials", type=int, default=5, help="random trials before TPE models the results")
+    parser.add_argument("--prune-after-trials", type=non_negative_int, default=3,
+                        help="complete trials before pruning starts")
+    parser.add_argument("--random-trials", type=non_negative_int, default=5,
+                        help="random trials before TPE models the results")
     parser.add_argument("--sampler-seed", type=int, help="the sampler's seed: a one-worker study proposes the same "
                         "configurations again (default: none; workers sharing a study need different seeds, or none)")
-    parser.add_argument("--timeout", type=float, help="start no trial after this many seconds (Optuna's timeout)")
-    parser.add_argument("--heartbeat", type=int, default=60, help="seconds between a worker's heartbeats")
-    parser.add_argument("--grace", type=int, default=180, help="a trial whose worker is silent this many seconds "
-                        "(killed) is failed and retried once")
+    parser.add_argument("--timeout", type=positive_float,
+                        help="start no trial after this many seconds (Optuna's timeout)")
+    parser.add_argument("--heartbeat", type=positive_int, default=60, help="seconds between a worker's heartbeats")
+    parser.add_argument("--grace", type=positive_int, default=180, help="a trial whose worker is silent this many "
+                        "seconds (killed) is failed and retried once")
     parser.add_argument("--report", action="store_true", help="only rewrite the report of the study")
     args = parser.parse_args(argv)
     args.study = args.study or Path(args.space).stem
@@ -291,6 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     params = read_yaml(Path(PARAMS_FILE).read_text(), str(PARAMS_FILE))
     try:
         space = load_space(args.space, params)
+        check_seeds(args.seeds, params, str(PARAMS_FILE))
     except ParamsError as err:
         raise SystemExit(f"tools.tune: {err}") from None
     metric, direction = objective_metric(with_fixed(params, space.fixed), args.metric)
@@ -310,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
             log.warning("Interrupted: the running trial is marked FAIL and not retried; the same command continues "
                         "the study")
             sys.exit(130)
+    if not study.get_trials(deepcopy=False):
+        raise SystemExit(f"tools.tune: study {args.study} has no trials in {shown(args.storage)}: nothing to report; "
+                         f"{out}/ is left as it is")
     write_report(study, space, metric, params, out)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import optuna
 
-from finetune.runtime import markdown_table, read_yaml, write_json, yaml_reader
+from finetune.runtime import atomic_dir, markdown_table, read_yaml, write_json, yaml_reader
 from tools.search_space import SearchSpace, nested
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,6 @@ def write_plots(study: optuna.Study, out: Path) -> None:
     plots = [("history.png", plot_optimization_history)]
     if complete >= MIN_TRIALS_FOR_IMPORTANCES:
         plots.append(("importances.png", plot_param_importances))
-    else:
-        (out / "importances.png").unlink(missing_ok=True)
     for name, plot in plots:
         try:
             axes = plot(study)
@@ -124,7 +122,15 @@ def write_plots(study: optuna.Study, out: Path) -> None:
 
 def write_report(study: optuna.Study, space: SearchSpace, metric: str, params: dict, out: Path) -> None:
     """Write ``out``/trials.md, trials.json, recipe.yaml (with a complete trial; the keys that differ from
-    ``params``, params.yaml's content) and the plots."""
+    ``params``, params.yaml's content) and the plots, all at once: the folder is replaced when the report is whole
+    (``atomic_dir``), so an error leaves the earlier report as it was."""
+    with atomic_dir(out) as tmp:
+        _write_report(study, space, metric, params, tmp)
+    log.info("Report of study %s in %s/ (%s)", study.study_name, out, ", ".join(sorted(p.name for p in out.iterdir())))
+
+
+def _write_report(study: optuna.Study, space: SearchSpace, metric: str, params: dict, out: Path) -> None:
+    """``write_report``'s files, into the empty folder ``out``."""
     seeds = study.user_attrs.get("seeds", [])
     rows = trial_rows(study, seeds)
     keys = list(space.space)
@@ -138,7 +144,6 @@ def write_report(study: optuna.Study, space: SearchSpace, metric: str, params: d
     if complete:
         best = study.best_trial
         summary["best"] = {"trial": best.number, "value": best.value, "params": best.params}
-    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "trials.json", {"summary": summary, "trials": rows})
     header = ["trial", "state", *keys, *[f"seed {s}" for s in seeds], f"mean {metric}", "train s", "note"]
     table = markdown_table(header, [[r["trial"], r["state"], *[fmt(r["params"].get(k)) for k in keys],
@@ -160,5 +165,3 @@ def write_report(study: optuna.Study, space: SearchSpace, metric: str, params: d
                   f"(here {summary['complete']}).", ""]
     (out / "trials.md").write_text("\n".join(lines) + "\n" + table)
     write_plots(study, out)
-    log.info("Report of study %s in %s/ (trials.md, trials.json%s)", study.study_name, out,
-             ", recipe.yaml" if complete else "")

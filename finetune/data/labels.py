@@ -4,6 +4,8 @@ encoded as class ids (or float scores), checked row by row; a broken rule is a `
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pandas as pd
 from datasets import ClassLabel, Dataset, Value
@@ -12,6 +14,8 @@ from finetune.data.checks import row_name
 from finetune.errors import DataError
 from finetune.params import DataParams
 from finetune.tasks import GLUE_TASKS
+
+log = logging.getLogger(__name__)
 
 UNLABELED = -1  # the Hub's GLUE test splits carry label -1
 
@@ -22,13 +26,14 @@ def _missing(labels: pd.Series) -> np.ndarray:
 
 
 def _label_kind(value) -> str:
-    """A label's kind: ``"bool"``, ``"integer"``, ``"float"``, or ``"string"`` (anything else)."""
+    """A label's kind: ``"bool"``, ``"integer"`` (a whole float too: ``1.0``, or a column of integers with a blank
+    cell, which pandas reads as floats), ``"float"``, or ``"string"`` (anything else)."""
     if isinstance(value, (bool, np.bool_)):
         return "bool"
     if isinstance(value, (int, np.integer)):
         return "integer"
     if isinstance(value, (float, np.floating)):
-        return "float"
+        return "integer" if float(value).is_integer() else "float"
     return "string"
 
 
@@ -47,20 +52,31 @@ def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str]) -
             if first is None:
                 first = (kind, split)
             elif kind != first[0]:
-                raise DataError(f"{row_name(where[split], split, df, i)}: label {df['label'].iat[i]!r} is a {kind}, "
+                label = _plain(df["label"].iat[i])
+                raise DataError(f"{row_name(where[split], split, df, i)}: label {label!r} is a {kind}, "
                                 f"but split {first[1]!r} has {first[0]} labels; labels must be of one type")
     return first[0] if first else "integer"
 
 
-def is_regression(train: Dataset, p: DataParams) -> bool:
+def is_regression(train: Dataset, p: DataParams, where: str = "train") -> bool:
     """Whether own data is a regression: False when the label column is a ``ClassLabel``; else ``p.task_type ==
-    "regression"`` when ``p.task_type`` is set; else whether train's label column is a float column."""
+    "regression"`` when ``p.task_type`` is set; else whether train's label column is a float column holding a
+    fraction. Floats that are all whole numbers (``1.0`` among 0/1 labels, or a blank cell among integers) are classes,
+    with a WARNING naming ``where`` and ``data.task_type``."""
     feature = train.features.get(p.label_column)
     if isinstance(feature, ClassLabel):
         return False
     if p.task_type is not None:
         return p.task_type == "regression"
-    return isinstance(feature, Value) and feature.dtype.startswith("float")
+    if not (isinstance(feature, Value) and feature.dtype.startswith("float")):
+        return False
+    scores = pd.Series(train[p.label_column], dtype="float64").dropna()
+    if scores.empty or not (scores == scores.round()).all():
+        return True
+    log.warning("%s: split 'train': the labels are written as numbers with a decimal point or with blanks, but all "
+                "are whole numbers (%s): read as classes; set data.task_type: regression if they are scores",
+                where, ", ".join(str(_plain(v)) for v in sorted(scores.unique())[:10]))
+    return False
 
 
 def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
@@ -108,8 +124,9 @@ def encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ..
                         "labeled rows; the test split is labeled throughout or -1 throughout")
     if missing.any():
         rule = "a number (regression)" if names is None else f"a label in {list(names)}"
+        unlabeled = " (or none: a test split may be unlabeled throughout)" if split.startswith("test") else ""
         raise DataError(f"{row_name(where, split, df, np.flatnonzero(missing)[0])}: label is missing (null); "
-                        f"every row needs {rule}")
+                        f"every row needs {rule}{unlabeled}")
     if names is None:
         scores = pd.to_numeric(labels, errors="coerce").to_numpy(dtype="float64")
         bad = np.flatnonzero(~np.isfinite(scores))
@@ -145,6 +162,18 @@ def _plain(value):
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
         return int(value)
     return value.item() if isinstance(value, np.generic) else value
+
+
+def warn_rare_classes(train: np.ndarray, names: tuple[str, ...], df: pd.DataFrame, where: str) -> None:
+    """A WARNING for each class of one row in train's class ids ``train`` ``[examples]`` (``df``: train's checked
+    frame), naming the row: a stray label (``2`` among 0/1, ``Yes`` among yes/no) makes a class of its own."""
+    counts = np.bincount(train, minlength=len(names))
+    for label in np.flatnonzero(counts == 1):
+        row = int(np.flatnonzero(train == label)[0])
+        like = [n for n in names if n != names[label] and n.strip().lower() == names[label].strip().lower()]
+        log.warning("%s: class %r has this one row of %d; a stray label?%s Fix the row, or list the classes in "
+                    "params.yaml data.label_names", row_name(where, "train", df, row), names[label], len(train),
+                    f" It differs from class {like[0]!r} only in case or spaces." if like else "")
 
 
 def check_train_classes(train: np.ndarray, names: tuple[str, ...], where: str) -> None:

@@ -6,6 +6,7 @@ the user's own files, one per split (``load_files``), each into an in-memory Dat
 from __future__ import annotations
 
 import csv
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -17,14 +18,17 @@ from datasets import DatasetDict, load_dataset, load_dataset_builder
 from datasets.exceptions import DatasetGenerationError, DatasetsError
 
 from finetune.errors import DataError
+from finetune.runtime import unwritable
 
 # What datasets and pyarrow raise on a bad folder: no data files (FileNotFoundError, DataFilesNotFoundError,
 # EmptyDatasetError), an unknown config or mismatched files (ValueError), an unreadable file (ArrowInvalid, OSError).
 LOAD_ERRORS = (OSError, ValueError, DatasetsError, pa.ArrowException)
 
-# The user's own files: suffix -> (datasets' packaged builder, its options).
-FILE_FORMATS = {".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}), ".json": ("json", {}),
-                ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
+# The user's own files: suffix -> (datasets' packaged builder, its options). A CSV or TSV cell is missing only when
+# empty: pandas' default missing-value strings (None, NA, null, n/a, ...) are a user's text or class name.
+TEXT_CELLS = {"keep_default_na": False, "na_values": [""]}
+FILE_FORMATS = {".csv": ("csv", TEXT_CELLS), ".tsv": ("csv", {"delimiter": "\t", **TEXT_CELLS}),
+                ".json": ("json", {}), ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
 
 
 def load_raw(folder: str, config: str, text_columns: tuple[str, ...] = (),
@@ -91,9 +95,12 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
     (``FILE_FORMATS``), one split per file. ``origin``: where the paths came from, for a missing file's message
     (``{split}`` is filled in).
 
+    A CSV or TSV cell is missing only when empty (``None``, ``NA`` and ``null`` are texts).
+
     Raises:
-        DataError: a file is missing, a folder, empty, has an unknown suffix, a header with a column twice, a first row
-            with more fields than the header, no rows, or can't be parsed; naming the file and the split.
+        DataError: a file is missing, a folder, empty, has an unknown suffix, text that is not UTF-8 (naming the
+            line), a header with a column twice, a first row with more fields than the header, no rows, a JSON Lines
+            line that is not JSON (naming the line), or can't be parsed; naming the file and the split.
     """
     splits = {}
     for split, file in files.items():
@@ -107,6 +114,8 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
         if Path(file).stat().st_size == 0:
             raise DataError(f"{where}: the file is empty")
         builder, options = FILE_FORMATS[Path(file).suffix.lower()]
+        if builder != "parquet":
+            _check_utf8(Path(file), where)
         if builder == "csv":
             _check_header(Path(file), options.get("delimiter", ","), where)
         with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache_dir:
@@ -116,6 +125,8 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
             except (*LOAD_ERRORS, StopIteration) as err:
                 if "corresponds to no data" in str(err):
                     raise DataError(f"{where}: has no rows") from None
+                if Path(file).suffix.lower() == ".jsonl":
+                    _check_json_lines(Path(file), where)
                 raise DataError(f"{where}: cannot read: {_reason(err)}") from err
         if PANDAS_INDEX in splits[split].column_names:
             raise DataError(f"{where}: its first row has more fields than the header (a text with an unquoted "
@@ -124,6 +135,38 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
 
 
 PANDAS_INDEX = "__index_level_0__"  # pandas' read_csv takes a first column without a header as the rows' index
+
+
+def _check_utf8(file: Path, where: str) -> None:
+    """Check that a text file is UTF-8 (a byte-order mark allowed).
+
+    Raises:
+        DataError: naming the file, the split, the first line (1-based, a header counted) that is not UTF-8 and how to
+            mend it.
+    """
+    data = file.read_bytes()
+    try:
+        data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{where}: line {line} is not UTF-8 (byte {data[err.start]:#04x}); save the file as UTF-8, "
+                        "e.g. iconv -f latin1 -t utf-8 (or your editor's 'Save as UTF-8')") from None
+
+
+def _check_json_lines(file: Path, where: str) -> None:
+    """Check that every non-blank line of a JSON Lines file is one JSON value.
+
+    Raises:
+        DataError: naming the file, the split, the first bad line (1-based) and Python's ``json`` error.
+    """
+    with open(file, encoding="utf-8-sig") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{where}: line {number} is not valid JSON: {err.msg} (column {err.colno}); "
+                                    "JSON Lines holds one record per line") from None
 
 
 def _check_header(file: Path, delimiter: str, where: str) -> None:
@@ -159,13 +202,8 @@ def check_writable(file: Path, key: str) -> None:
         raise DataError(f"{key} {file}: is a folder; name a file in it")
     if file.suffix.lower() not in WRITE_FORMATS:
         raise DataError(f"{key} {file}: unknown format {file.suffix!r}; use one of {', '.join(WRITE_FORMATS)}")
-    probe = file.with_name(f".{file.name}.tmp")
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        probe.touch()
-        probe.unlink()
-    except OSError as err:
-        raise DataError(f"{key} {file}: cannot write there: {_reason(err)}") from None
+    if reason := unwritable(file):
+        raise DataError(f"{key} {file}: {reason}")
 
 
 def write_table(df: pd.DataFrame, file: Path) -> None:

@@ -11,9 +11,9 @@ import pandas as pd
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
 from finetune.data.checks import checked_frame
-from finetune.data.labels import check_train_classes, encode_labels, is_regression, label_names
+from finetune.data.labels import check_train_classes, encode_labels, is_regression, label_names, warn_rare_classes
 from finetune.errors import DataError, ParamsError
-from finetune.params import DataParams
+from finetune.params import DataParams, first_repeated
 from finetune.tasks import GLUE_TASKS, Task, glue_task, own_task
 
 log = logging.getLogger(__name__)
@@ -37,14 +37,14 @@ def check_own_columns(p: DataParams) -> None:
             naming the key.
     """
     texts = list(p.text_columns or ())
-    if twice := [c for c in dict.fromkeys(texts) if texts.count(c) > 1]:
-        raise ParamsError(f"params.yaml: data.text_columns: {twice[0]!r} is listed twice")
+    if (twice := first_repeated(texts)) is not None:
+        raise ParamsError(f"params.yaml: data.text_columns: {twice!r} is listed twice")
     if p.label_column in texts:
         raise ParamsError(f"params.yaml: data.text_columns: {p.label_column!r} is also data.label_column; the model "
                           "would read its answer")
     names = list(p.label_names or ())
-    if twice := [n for n in dict.fromkeys(names) if names.count(n) > 1]:
-        raise ParamsError(f"params.yaml: data.label_names: {twice[0]!r} is listed twice")
+    if (twice := first_repeated(names)) is not None:
+        raise ParamsError(f"params.yaml: data.label_names: {twice!r} is listed twice")
 
 
 def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple[DatasetDict, Task]:
@@ -58,7 +58,8 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
 
     The task: a GLUE task by ``p.config``; own data by ``p.text_columns`` and ``p.label_column``, with class names from
     the label's ``ClassLabel``, else ``p.label_names`` (their order is the id order; labels may be names or ids), else
-    train's sorted distinct labels. Float labels, or ``p.task_type: regression``, make it a regression.
+    train's sorted distinct labels (a WARNING names the row of a class with one train row: ``warn_rare_classes``). Float
+    labels with a fraction among them, or ``p.task_type: regression``, make it a regression (``is_regression``).
 
     The rules, checked on every split before anything is returned: a train split; the text and label columns (a test
     split may lack the label, or hold -1 or null throughout: unlabeled); rows in every split; no null, empty or
@@ -85,7 +86,8 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
     frames = {split: checked_frame(ds, split, where[split], text_columns, label_column) for split, ds in raw.items()}
 
     # labels: names (or regression), then ids, train first: the other splits may only hold its classes
-    regression = GLUE_TASKS[p.glue_task].label_names is None if p.glue_task else is_regression(raw["train"], p)
+    regression = GLUE_TASKS[p.glue_task].label_names is None if p.glue_task else \
+        is_regression(raw["train"], p, where["train"])
     if regression and not p.glue_task and (p.label_names or p.positive_label):
         key = "label_names" if p.label_names else "positive_label"
         raise ParamsError(f"params.yaml: data.{key} is set, but the task is a regression ({where['train']}'s "
@@ -95,6 +97,8 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
     labels = {"train": encode_labels(frames["train"], "train", where["train"], names, ids)}
     if names is not None:
         check_train_classes(labels["train"], names, where["train"])
+        if not p.glue_task and p.label_names is None:
+            warn_rare_classes(labels["train"], names, frames["train"], where["train"])
     for split, df in frames.items():
         if split != "train":
             labels[split] = encode_labels(df, split, where[split], names, ids, seen=labels["train"])
@@ -143,6 +147,24 @@ def carve_validation(train: Dataset, fraction: float, seed: int, stratify: bool,
         raise DataError(f"{where}: split 'train' ({len(train)} rows): cannot carve a validation split of "
                         f"data.validation_fraction {fraction}: {err}") from None
     return parts["train"], parts["test"]
+
+
+def check_scores_vary(data: DatasetDict, task: Task, where: dict[str, str]) -> None:
+    """Check that each labeled split but train of a regression holds at least two different scores: Pearson and
+    Spearman are undefined on constant scores (a split of one row among them). ``where``: split -> what to name
+    (train's for a carved split).
+
+    Raises:
+        DataError: naming the file or folder, the split, its rows and score, and what to change.
+    """
+    if not task.is_regression:
+        return
+    for split, ds in data.items():
+        if split != "train" and "label" in ds.column_names and len(set(ds["label"])) < 2:
+            raise DataError(f"{where.get(split, where['train'])}: split {split!r}: {len(ds)} row(s), every score "
+                            f"{ds['label'][0]:g}: Pearson and Spearman are undefined on constant scores; give it rows "
+                            "of at least two different scores (or a larger data.max_samples or "
+                            "data.validation_fraction)")
 
 
 def split_summary(ds: Dataset, task: Task) -> dict:

@@ -8,7 +8,7 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 from accelerate import Accelerator
@@ -60,22 +60,23 @@ def train(params: Params, paths: Paths) -> dict:
 
 
 def start_or_resume(run: Run, paths: Paths) -> tuple[RunState, EarlyStopping]:
-    """``(state, stopping)``: fresh, or with ``train.resume`` the newest checkpoint's of ``run.fingerprint``.
-    Starting fresh deletes the checkpoints of other runs (main process)."""
+    """``(state, stopping)``: fresh, or with ``train.resume`` the newest checkpoint's of ``run.fingerprint`` (one saved
+    before the first evaluation holds no early-stopping record: it resumes with a fresh one). Starting fresh deletes
+    the checkpoints of other runs (main process)."""
     p = run.p
+    stopping = EarlyStopping(mode=run.task.metric_for_best(run.metric_for_best)[1],
+                             patience=p.early_stopping_patience, threshold=p.early_stopping_threshold)
     checkpoint = last_checkpoint(paths.checkpoints, run.fingerprint) if p.resume else None
     if checkpoint is None:
         if run.accelerator.is_main_process:
             shutil.rmtree(paths.checkpoints, ignore_errors=True)
-        return RunState(run.fingerprint), EarlyStopping(mode=run.task.metric_for_best(run.metric_for_best)[1],
-                                                        patience=p.early_stopping_patience,
-                                                        threshold=p.early_stopping_threshold)
+        return RunState(run.fingerprint, stopping=asdict(stopping)), stopping
     state = load_checkpoint(run.accelerator, checkpoint)
     run.resumed_from = state.step
     into = state.step - state.epoch * run.schedule.steps_per_epoch
     log.info("Resuming from step %d (epoch %d done%s) from %s", state.step, state.epoch,
              f", {into} steps into epoch {state.epoch + 1}" if into else "", checkpoint)
-    return state, EarlyStopping(**state.stopping)
+    return state, replace(stopping, **state.stopping)  # a checkpoint from before the first evaluation may hold {}
 
 
 def train_epoch(run: Run, state: RunState, stopping: EarlyStopping, logs: TrainLog, progress: tqdm,

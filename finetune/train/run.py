@@ -72,8 +72,8 @@ def build_run(params: Params, paths: Paths) -> Run:
     (https://huggingface.co/learn/llm-course/chapter3/4).
 
     Raises:
-        ParamsError: ``train.metric_for_best`` is not a metric of the task, or ``train.scheduler_kwargs`` does not fit
-            ``train.scheduler``.
+        ParamsError: ``train.metric_for_best`` is not a metric of the task, ``train.warmup_steps`` is more than the
+            run's steps, or ``train.scheduler_kwargs`` does not fit ``train.scheduler`` (``make_scheduler``).
         CheckpointError: ``paths.pretrained`` can't be loaded.
         TeacherError: with ``distill.teacher``, data/teacher does not fit the task or the train split.
     """
@@ -168,9 +168,14 @@ def make_scheduler(optimizer: torch.optim.Optimizer, p: TrainParams,
     optimizer step (accelerate would step a prepared one per batch).
 
     Raises:
-        ParamsError: ``train.scheduler_kwargs`` names an argument the scheduler does not take, or the scheduler
-            refuses a value (every step's learning rate is computed here, so a bad value fails before training).
+        ParamsError: ``train.warmup_steps`` is more than the run's steps; ``train.scheduler_kwargs`` names an argument
+            the scheduler does not take, or the scheduler refuses a value (every step's learning rate is computed
+            here, so a bad value fails before training).
     """
+    if schedule.warmup_steps > schedule.total_steps:
+        raise ParamsError(f"params.yaml: train.warmup_steps: {schedule.warmup_steps} is more than the run's "
+                          f"{schedule.total_steps} optimizer steps, so the learning rate would never reach train.lr "
+                          f"({p.lr:g}); use at most {schedule.total_steps}, or train.warmup_ratio")
     name = SchedulerType(p.scheduler)
     own = [arg for arg in inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[name]).parameters
            if arg not in LOOP_SCHEDULER_ARGS]
