@@ -220,3 +220,13 @@ def test_report_out_must_be_a_folder(tmp_path, capsys):
         report_main(["--out", str(file)])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"--out {file}: is a file; name a folder")
+
+
+def test_a_file_that_already_has_the_output_columns_is_refused(model, tmp_path, capsys):
+    scored = tmp_path / "scored.csv"
+    pd.DataFrame({"sentence1": ["A cat."], "sentence2": ["A dog."], "prediction": ["mine"],
+                  "probability_equivalent": [0.5]}).to_csv(scored, index=False)
+    error = error_of([scored, "--model", model, "--out", tmp_path / "out.csv"], capsys)
+    assert error == (f"ERROR: {scored}: has column(s) ['prediction', 'probability_equivalent'], which predict "
+                     "writes; rename or drop them first")
+    assert not (tmp_path / "out.csv").exists()

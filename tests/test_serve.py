@@ -1,13 +1,15 @@
 """tools.serve on a tiny fine-tuned model, served in a subprocess on a free loopback port: its answers equal
 tools.predict's, each bad request gets its 4xx naming the field or limit and the server goes on answering, concurrent
-requests are batched by the engine, SIGTERM answers the requests in flight and exits 0, and a missing or incomplete
-model folder stops start-up with one line."""
+requests are batched by the engine, SIGTERM answers the requests in flight and exits 0, a model worker that dies is
+restarted while the requests it held get a 504, and a missing or incomplete model folder, a port in use or a bad flag
+stops start-up with one line."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from tests.helpers import REPO, free_port, project_env, reset_accelerate
@@ -37,25 +40,35 @@ def serve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "tools.serve", *map(str, args)]
 
 
-@pytest.fixture(scope="module")
-def server(model, tmp_path_factory):
-    """``(port, process, log file)`` of the server of ``model`` (pytorch form), batching up to 8 requests for up
-    to 0.2 s, at debug level (it logs each batch's size)."""
-    port, log = free_port(), tmp_path_factory.mktemp("log") / "serve.log"
+def start_server(model: Path, log: Path, *args) -> tuple[int, subprocess.Popen]:
+    """``(port, process)`` of the server of ``model`` (pytorch form) with ``args``, once ``/health`` answers 200."""
+    port = free_port()
     with log.open("w") as out:
-        process = subprocess.Popen(
-            serve_command("--form", "pytorch", "--model", model, "--port", port, "--max-batch-size", 8,
-                          "--batch-timeout", 0.2, "--log-level", "debug", *LIMITS),
-            cwd=REPO, env=project_env(), stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
+        process = subprocess.Popen(serve_command("--form", "pytorch", "--model", model, "--port", port, *args),
+                                   cwd=REPO, env=project_env(), stdout=out, stderr=subprocess.STDOUT)
+    assert wait_ready(port, process), log.read_text()
+    return port, process
+
+
+def wait_ready(port: int, process: subprocess.Popen, seconds: float = 120) -> bool:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and process.poll() is None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as answer:
                 if answer.status == 200:
-                    break
+                    return True
         except OSError:
             time.sleep(0.3)
-    assert process.poll() is None, log.read_text()
+    return False
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    """``(port, process, log file)`` of the server of ``model`` (pytorch form), batching up to 8 requests for up
+    to 0.2 s, at debug level (it logs each batch's size)."""
+    log = tmp_path_factory.mktemp("log") / "serve.log"
+    port, process = start_server(model, log, "--max-batch-size", 8, "--batch-timeout", 0.2, "--log-level", "debug",
+                                 *LIMITS)
     yield port, process, log
     if process.poll() is None:
         process.kill()
@@ -156,6 +169,84 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0(server):
         statuses = [answer.result()[0] for answer in answers]
     assert statuses == [200] * 6
     assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.e2e
+def test_a_client_that_hangs_up_mid_request_leaves_the_server_answering(server):
+    port = server[0]
+    for partial in (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500"
+                    b"\r\n\r\n{\"inputs\":", json_request(PAIRS[0])):
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(partial)  # then gone, before the answer
+    assert post(port, {"inputs": as_inputs(PAIRS[:1])})[0] == 200
+
+
+def json_request(pair) -> bytes:
+    body = json.dumps({"inputs": as_inputs([pair])[0]}).encode()
+    return (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def model_worker(process: subprocess.Popen) -> psutil.Process:
+    """The server's model worker: the child LitServe spawned (the HTTP process and the queue manager are forked)."""
+    spawned = [child for child in psutil.Process(process.pid).children(recursive=True)
+               if any("spawn_main" in part for part in child.cmdline())]
+    assert len(spawned) == 1, spawned
+    return spawned[0]
+
+
+def answered_within(port: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if post(port, {"inputs": as_inputs(PAIRS[:1])})[0] == 200:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.e2e
+def test_a_dead_model_worker_is_restarted_and_a_model_gone_for_good_stops_the_server(model, tmp_path):
+    copy = tmp_path / "model"
+    shutil.copytree(model, copy)
+    port, process = start_server(copy, tmp_path / "serve.log", "--timeout", 3, "--batch-timeout", 0.5)
+    try:
+        for _ in range(2):  # killed, restarted, killed again
+            with ThreadPoolExecutor(3) as pool:
+                held = [pool.submit(post, port, {"inputs": as_inputs(PAIRS[:1])}) for _ in range(3)]
+                time.sleep(0.2)  # taken by the worker, waiting for its batch to fill
+                model_worker(process).kill()
+                begin = time.monotonic()
+                answers = [answer.result() for answer in held]
+            assert [status for status, _ in answers] == [504] * 3 and time.monotonic() - begin < 6, answers
+            assert "(--timeout); the model worker is overloaded or restarting" in answers[0][1]["error"]
+            assert answered_within(port, 60), (tmp_path / "serve.log").read_text()[-3000:]
+        shutil.rmtree(copy)  # loaded in memory: it still answers, until its worker has to load it again
+        assert post(port, {"inputs": as_inputs(PAIRS[:1])})[0] == 200
+        model_worker(process).kill()
+        assert process.wait(timeout=60) == 1
+        log = (tmp_path / "serve.log").read_text()
+        assert f"{copy}: model folder not found; stopping the server" in log
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_a_port_in_use_or_a_bad_flag_stops_start_up_with_one_line(model, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            serve_main(["--form", "pytorch", "--model", str(model), "--port", str(port)])
+    assert str(exit_.value.code).startswith(f"ERROR: --port {port}: can't listen on 127.0.0.1:{port} (")
+    assert str(exit_.value.code).endswith("choose another --port")
+    for flag, value, error in [("--batch-timeout", "-1", "must be at least 0, got -1"),
+                               ("--timeout", "soon", "'soon' is not a number of seconds"),
+                               ("--port", "80", "must be from 1024 to 65535, got 80"),
+                               ("--port", "70000", "must be from 1024 to 65535, got 70000")]:
+        with pytest.raises(SystemExit):
+            serve_main([flag, value])
+        assert f"argument {flag}: {error}" in capsys.readouterr().err
 
 
 def test_a_missing_or_incomplete_model_folder_stops_start_up_with_one_line(model, tmp_path):

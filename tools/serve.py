@@ -18,10 +18,13 @@ server exits 0.
 """
 
 import argparse
+import asyncio
+import json
 import logging
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Annotated, ClassVar
@@ -107,7 +110,12 @@ class FormAPI(ls.LitAPI):
         log.setLevel(self.log_level.upper())
         outlive_sigterm()
         dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if device != "cpu" else None
-        self.predictor = Predictor.open(self.folder, self.form, device=device, dtype=dtype)
+        try:
+            self.predictor = Predictor.open(self.folder, self.form, device=device, dtype=dtype)
+        except PipelineError as err:  # at start-up, or restarting after a crash: the server stops, exit status 1
+            log.error("%s; stopping the server", err)
+            os.kill(os.getppid(), signal.SIGUSR1)
+            raise SystemExit(1) from None
         columns = len(self.predictor.task.text_columns)
         for length in range(self.pad_multiple, min(self.predictor.max_length, 128) + 1, self.pad_multiple):
             words = " ".join(["word"] * max(1, length // columns - 2))  # one pass per shape: OpenVINO compiles each
@@ -147,18 +155,24 @@ def refusal(errors: list[dict], max_body_bytes: int) -> tuple[int, str]:
     return 422, f"{where}{message}" if message.startswith((":", "[")) else f"{where}: {message}"
 
 
-def drain_on_sigterm(server: ls.LitServer) -> None:
-    """SIGTERM: the HTTP processes stop accepting and answer what they accepted (uvicorn's graceful shutdown) while
-    the model worker still runs; then LitServe stops the rest and ``run`` returns (exit 0). Own code, as LitServe
-    drains only on Ctrl-C, and closes its response queues before its HTTP processes have answered."""
-    main_pid = os.getpid()
+def stop_on_signals(server: ls.LitServer) -> list[int]:
+    """SIGTERM: the HTTP processes stop accepting and answer what they accepted (uvicorn's graceful shutdown, within
+    ``Deadline``) while the model worker still runs; then LitServe stops the rest and ``run`` returns. SIGUSR1, from a
+    model worker that can't load the model (``FormAPI.setup``): the same, then exit status 1. Before the HTTP
+    processes start, nothing was accepted: everything stops at once. Own code, as LitServe drains only on Ctrl-C,
+    and closes its response queues before its HTTP processes have answered.
+
+    Returns:
+        A list that holds the exit status once a signal came (empty until then).
+    """
+    main_pid, status = os.getpid(), []
 
     def drain() -> None:
         http = [p for p in multiprocessing.active_children() if p.name.startswith("LitServer-")]
         if not http:  # still starting: nothing was accepted
             for process in multiprocessing.active_children():
                 process.kill()
-            os._exit(0)
+            os._exit(status[0])
         for process in http:
             process.terminate()
         for process in http:
@@ -170,12 +184,16 @@ def drain_on_sigterm(server: ls.LitServer) -> None:
         log.info("Answered the accepted requests; stopping")
         server._shutdown_event.set()
 
-    def on_sigterm(signum, frame) -> None:
-        if os.getpid() == main_pid:  # not in a helper forked from this process (LitServe's queue manager)
-            log.info("SIGTERM: answering accepted requests, then stopping")
-            threading.Thread(target=drain, name="drain", daemon=True).start()
+    def on_signal(signum, frame) -> None:
+        if os.getpid() != main_pid or status:  # a helper forked from this process, or already stopping
+            return
+        status.append(1 if signum == signal.SIGUSR1 else 0)
+        log.info("%s: answering accepted requests, then stopping", signal.Signals(signum).name)
+        threading.Thread(target=drain, name="drain", daemon=True).start()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGUSR1, on_signal)
+    return status
 
 
 def outlive_sigterm() -> None:
@@ -185,22 +203,65 @@ def outlive_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0) if os.getppid() != parent else None)
 
 
-def serve(form: str | None, model_dir: Path, exported: Path, host: str, port: int, max_batch_size: int,
-          batch_timeout: float, max_examples: int, max_body_bytes: int, pad_multiple: int,
-          log_level: str = "info", device: str = "cpu") -> None:
-    """Serve ``form`` (None: ``served_form``) on ``device`` until SIGTERM or Ctrl-C.
+class Deadline:
+    """ASGI middleware: a ``/predict`` request not answered within ``seconds`` gets a 504 naming the limit. Own code:
+    LitServe restarts a model worker that died (``restart_workers``), but the requests that worker held are never
+    answered, and its own request timeout is kept by the worker."""
+
+    def __init__(self, app, seconds: float):
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/predict":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await asyncio.wait_for(self.app(scope, receive, tracked), self.seconds)
+        except TimeoutError:
+            if started:
+                raise
+            log.error("No answer within %g s (--timeout): the model worker is busy, or died and is restarting",
+                      self.seconds)
+            body = json.dumps({"error": f"no answer from the model within {self.seconds:g} s (--timeout); the "
+                                        "model worker is overloaded or restarting: retry"}).encode()
+            await send({"type": "http.response.start", "status": 504,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+
+
+def check_port(host: str, port: int) -> None:
+    """Raises PipelineError naming ``--port`` when ``host:port`` can't be listened on (in use, or not allowed)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind((host, port))
+        except OSError as err:
+            raise PipelineError(f"--port {port}: can't listen on {host}:{port} ({err.strerror}); stop what "
+                                "listens there, or choose another --port") from None
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Serve ``args.form`` (None: ``served_form``) on ``args.device`` until SIGTERM or Ctrl-C, with ``main``'s
+    settings.
 
     Raises:
         ExportError, CheckpointError: the form is unknown, not exported or can't be loaded (one line naming its
             folder), or metrics/export.json names none when ``form`` is None.
-        PipelineError: ``device`` is ``cuda`` for a form other than ``pytorch``, or torch sees no CUDA GPU.
+        PipelineError: ``--device cuda`` for a form other than ``pytorch``, or torch sees no CUDA GPU; the port can't
+            be listened on.
     """
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
 
-    form = form or served_form()
-    if device == "cuda":
+    form = args.form or served_form()
+    if args.device == "cuda":
         import torch
 
         if form != PYTORCH:
@@ -208,42 +269,59 @@ def serve(form: str | None, model_dir: Path, exported: Path, host: str, port: in
                                 f"runtimes); add --form {PYTORCH}")
         if not torch.cuda.is_available():
             raise PipelineError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU")
-    folder = form_folder(form, model_dir, exported)
+    folder = form_folder(form, args.model, args.exported)
     try:  # a missing or incomplete folder stops start-up here, in one line; the model worker loads it
         task = Task.load(folder)
         check_checkpoint(folder, need_weights=form == PYTORCH)
     except PipelineError as err:
         make = "dvc repro train (or dvc pull)" if form == PYTORCH else "dvc repro export"
         raise ExportError(f"{folder}: incomplete ({err}); make it again with {make}") from None
-    PredictRequest.pair, PredictRequest.max_examples = len(task.text_columns) == 2, max_examples
-    api = FormAPI(form, folder, pad_multiple, log_level, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
-    metadata = {"form": form, "device": device, "folder": str(folder), "task": task.name, "labels": task.label_names,
-                "max_batch_size": max_batch_size, "batch_timeout_s": batch_timeout, "max_examples": max_examples,
-                "max_body_bytes": max_body_bytes, "pad_to_multiple_of": pad_multiple}  # GET /info
-    server = ls.LitServer(api, accelerator=device, devices=1, workers_per_device=1, timeout=60,
-                          max_payload_size=max_body_bytes, model_metadata=metadata)
+    check_port(args.host, args.port)
+    PredictRequest.pair, PredictRequest.max_examples = len(task.text_columns) == 2, args.max_examples
+    api = FormAPI(form, folder, args.pad_to_multiple_of, args.log_level, max_batch_size=args.max_batch_size,
+                  batch_timeout=args.batch_timeout)
+    info = {"form": form, "folder": str(folder), "task": task.name, "labels": task.label_names,
+            **{k: v for k, v in vars(args).items() if k not in ("form", "model", "exported")}}  # GET /info
+    server = ls.LitServer(api, accelerator=args.device, devices=1, workers_per_device=1, timeout=args.timeout,
+                          max_payload_size=args.max_body_bytes, restart_workers=True, model_metadata=info,
+                          middlewares=[(Deadline, {"seconds": args.timeout + 1})])
 
     async def refused(request, err: RequestValidationError) -> JSONResponse:
-        status, message = refusal(err.errors(), max_body_bytes)
+        status, message = refusal(err.errors(), args.max_body_bytes)
         return JSONResponse({"error": message}, status_code=status)
 
-    async def too_large(request, err: HTTPException) -> JSONResponse:
-        if err.status_code == 413:  # LitServe's max_payload_size
-            message = f"body: over the limit of {max_body_bytes} bytes (--max-body-bytes)"
-        else:
-            message = str(err.detail)
+    async def answered(request, err: HTTPException) -> JSONResponse:
+        message = f"body: over the limit of {args.max_body_bytes} bytes (--max-body-bytes)" \
+            if err.status_code == 413 else str(err.detail)  # 413: LitServe's max_payload_size
         return JSONResponse({"error": message}, status_code=err.status_code)
 
     server.app.add_exception_handler(RequestValidationError, refused)
-    server.app.add_exception_handler(HTTPException, too_large)
-    drain_on_sigterm(server)
+    server.app.add_exception_handler(HTTPException, answered)
+    stopped = stop_on_signals(server)
     log.info("Serving %s (%s) on %s, http://%s:%d/predict: batches of up to %d requests, waiting up to %g s", form,
-             folder, device, host, port, max_batch_size, batch_timeout)
+             folder, args.device, args.host, args.port, args.max_batch_size, args.batch_timeout)
+    server.run(host=args.host, port=args.port, log_level=args.log_level, generate_client_file=False, access_log=False)
+    if stopped == [1]:
+        raise ExportError(f"{folder}: the model worker could not load the {form} form (logged above); stopped")
+
+
+def seconds(value: str) -> float:
+    """argparse's type for a duration in seconds: a number of at least 0."""
     try:
-        server.run(host=host, port=port, log_level=log_level, generate_client_file=False, access_log=False)
-    except RuntimeError as err:  # LitServe's "workers failed to start", after the worker logged why
-        raise ExportError(f"{folder}: the model worker could not load the {form} form ({err}; its error is logged "
-                          "above)") from None
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return number
+
+
+def port(value: str) -> int:
+    """argparse's type for ``--port``: 1024 to 65535, as LitServe takes."""
+    number = positive_int(value)
+    if not 1024 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 1024 to 65535, got {number}")
+    return number
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -254,11 +332,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--exported", type=Path, default=Path("models/exported"),
                         help="a folder of exported forms: the export stage's, or the registry's text-classifier-served")
     parser.add_argument("--host", default="127.0.0.1", choices=["127.0.0.1", "0.0.0.0", "::"])
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=port, default=8000)
     parser.add_argument("--max-batch-size", type=positive_int, default=32,
                         help="requests the engine batches into one model call, and examples per forward pass")
-    parser.add_argument("--batch-timeout", type=float, default=0.001,
+    parser.add_argument("--batch-timeout", type=seconds, default=0.001,
                         help="seconds the engine waits for a batch to fill")
+    parser.add_argument("--timeout", type=seconds, default=30,
+                        help="seconds a request may wait for its answer before a 504")
     parser.add_argument("--max-examples", type=positive_int, default=64, help="examples per request")
     parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="bytes per request body")
     parser.add_argument("--pad-to-multiple-of", type=positive_int, default=16,
@@ -267,12 +347,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="cuda: the pytorch form on the GPU in bf16 (fp16 where the GPU lacks bf16)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
-
-    def run() -> None:
-        serve(args.form, args.model, args.exported, args.host, args.port, args.max_batch_size, args.batch_timeout,
-              args.max_examples, args.max_body_bytes, args.pad_to_multiple_of, args.log_level, args.device)
-
-    run_stage(run)
+    run_stage(lambda: serve(args))
 
 
 if __name__ == "__main__":
