@@ -47,6 +47,7 @@ from finetune.export.speed import served_form
 from finetune.hardware import cpu_model
 from finetune.inference.runtimes import form_folder
 from finetune.paths import Paths
+from tools.serve import check_port
 
 HERE = Path(__file__).parent
 LOCAL_COPY = Path("../shared/datasets/glue/mrpc")
@@ -119,7 +120,7 @@ class BareAPI(ls.LitAPI):
 
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        self.model = load_runtime(self.form, self.folder).to(device)
+        self.model, self.device = load_runtime(self.form, self.folder).to(device), device
         self.names = self.model.config.id2label
 
     def decode_request(self, request: dict) -> tuple[str, str]:
@@ -130,7 +131,7 @@ class BareAPI(ls.LitAPI):
 
         texts, text_pairs = zip(*pairs)
         batch = self.tokenizer(list(texts), list(text_pairs), padding=True, truncation=True, pad_to_multiple_of=16,
-                               return_tensors="pt").to(self.model.device)
+                               return_tensors="pt").to(self.device)
         with torch.inference_mode():
             probabilities = self.model(**batch).logits.float().softmax(-1).cpu()
         return [{"label": self.names[int(p.argmax())], "probabilities": p.tolist()} for p in probabilities]
@@ -145,8 +146,11 @@ def start_server(command: list[str], port: int, timeout: float = 300) -> subproc
     Raises:
         SystemExit: it exited or did not become ready within ``timeout`` seconds; its output's last lines.
     """
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # its output
-    # is read only if it fails to start: it logs warnings only (--log-level warning), far below a pipe's buffer
+    check_port(HOST, port)  # a server left over on the port would answer in this one's place
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)  # its own process group: stop_server ends all of it
+    # its output is read only if it fails to start: it logs warnings only (--log-level warning), far below a pipe's
+    # buffer
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -164,13 +168,19 @@ def start_server(command: list[str], port: int, timeout: float = 300) -> subproc
 
 
 def stop_server(process: subprocess.Popen) -> int:
-    """SIGTERM, then the exit status (killed after 60 s)."""
+    """SIGTERM to the server, then its exit status (killed after 60 s); whatever is left of its process group (the
+    reference servers' LitServe and uvicorn children) is killed."""
     process.send_signal(signal.SIGTERM)
     try:
-        return process.wait(timeout=60)
+        status = process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
-        return process.wait()
+        status = process.wait()
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return status
 
 
 async def _client(port: int, bodies: list[bytes], counter, total: int, deadline: float, results: list) -> None:

@@ -100,3 +100,21 @@ def test_serve_base_of_another_task_is_refused_before_any_timing(tmp_path):
     glue_task("rte").save(folder)
     with pytest.raises(SystemExit, match=f"--base {folder} is fine-tuned on 'rte'"):
         fine_tuned(str(folder))
+
+
+def test_the_load_goals_compare_the_engine_with_the_baseline_and_the_bare_engine():
+    from benchmarks.load import goals_of
+
+    def row(server, clients, rate, p99):
+        return {"server": server, "clients": clients, "requests_per_s": rate, "p99_ms": p99}
+
+    rows = [row("baseline", 32, 60.0, 900), row("bare", 1, 100.0, 10.0), row("bare", 32, 320.0, 120),
+            row("engine", 1, 95.0, 11.5), row("engine", 32, 300.0, 130)]
+    goals = goals_of(rows, {"errors": 0, "requests": 20000})
+    assert goals == {
+        "baseline 32": "32 clients: 5.00x the baseline's requests/s (goal 5x): met",
+        "bare 32": "32 clients: 0.94x the bare engine's requests/s (goal 0.9x): met",
+        "p99 1": "1 client: p99 11.5 ms, 1.15x the bare engine's 10.0 ms (goal at most 1.2x): met",
+        "soak": "soak: 0 errors in 20000 requests (goal 0): met"}
+    rows[-1]["requests_per_s"] = 250.0
+    assert goals_of(rows, None)["bare 32"].endswith("0.78x the bare engine's requests/s (goal 0.9x): missed")

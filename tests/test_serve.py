@@ -7,6 +7,7 @@ stops start-up with one line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -45,7 +46,8 @@ def start_server(model: Path, log: Path, *args) -> tuple[int, subprocess.Popen]:
     port = free_port()
     with log.open("w") as out:
         process = subprocess.Popen(serve_command("--form", "pytorch", "--model", model, "--port", port, *args),
-                                   cwd=REPO, env=project_env(), stdout=out, stderr=subprocess.STDOUT)
+                                   cwd=REPO, env=project_env(), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # its own process group: stop() ends all of it
     assert wait_ready(port, process), log.read_text()
     return port, process
 
@@ -70,9 +72,16 @@ def server(model, tmp_path_factory):
     port, process = start_server(model, log, "--max-batch-size", 8, "--batch-timeout", 0.2, "--log-level", "debug",
                                  *LIMITS)
     yield port, process, log
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Kill what is left of the server's process group (a killed server leaves its HTTP process and worker)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def post(port: int, body, content_type: str = "application/json") -> tuple[int, dict]:
@@ -227,8 +236,7 @@ def test_a_dead_model_worker_is_restarted_and_a_model_gone_for_good_stops_the_se
         log = (tmp_path / "serve.log").read_text()
         assert f"{copy}: model folder not found; stopping the server" in log
     finally:
-        if process.poll() is None:
-            process.kill()
+        stop(process)
 
 
 def test_a_port_in_use_or_a_bad_flag_stops_start_up_with_one_line(model, capsys):
