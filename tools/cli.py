@@ -39,6 +39,33 @@ def positive_float(value: str) -> float:
     return number
 
 
+def seconds(value: str) -> float:
+    """argparse's type for a wait in seconds: a number of at least 0.
+
+    Raises:
+        argparse.ArgumentTypeError: ``value`` is not a number, or is below 0.
+    """
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return number
+
+
+def port(value: str) -> int:
+    """argparse's type for a server's port: 1024 to 65535 (LitServe's range; lower ones need root).
+
+    Raises:
+        argparse.ArgumentTypeError: ``value`` is not an integer in that range.
+    """
+    number = _int_from(value, 1024)
+    if number > 65535:
+        raise argparse.ArgumentTypeError(f"must be at most 65535, got {number}")
+    return number
+
+
 def _int_from(value: str, lowest: int) -> int:
     try:
         number = int(value)

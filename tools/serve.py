@@ -40,7 +40,7 @@ from finetune.inference.runtimes import PYTORCH, form_folder
 from finetune.modeling import check_checkpoint
 from finetune.runtime import run_stage
 from finetune.tasks import Task
-from tools.cli import positive_int
+from tools.cli import port, positive_int, seconds
 
 log = logging.getLogger("tools.serve")
 
@@ -303,25 +303,6 @@ def serve(args: argparse.Namespace) -> None:
     server.run(host=args.host, port=args.port, log_level=args.log_level, generate_client_file=False, access_log=False)
     if stopped == [1]:
         raise ExportError(f"{folder}: the model worker could not load the {form} form (logged above); stopped")
-
-
-def seconds(value: str) -> float:
-    """argparse's type for a duration in seconds: a number of at least 0."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return number
-
-
-def port(value: str) -> int:
-    """argparse's type for ``--port``: 1024 to 65535, as LitServe takes."""
-    number = positive_int(value)
-    if not 1024 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"must be from 1024 to 65535, got {number}")
-    return number
 
 
 def main(argv: list[str] | None = None) -> None:
