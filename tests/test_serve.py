@@ -169,18 +169,6 @@ def test_concurrent_requests_are_batched_by_the_engine(server):
 
 
 @pytest.mark.e2e
-def test_sigterm_answers_the_requests_in_flight_and_exits_0(server):
-    port, process, log = server
-    with ThreadPoolExecutor(6) as pool:
-        answers = [pool.submit(post, port, {"inputs": as_inputs(PAIRS)}) for _ in range(6)]
-        time.sleep(0.1)  # accepted, waiting for their batch (--batch-timeout 0.2)
-        process.send_signal(signal.SIGTERM)
-        statuses = [answer.result()[0] for answer in answers]
-    assert statuses == [200] * 6
-    assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
-
-
-@pytest.mark.e2e
 def test_a_client_that_hangs_up_mid_request_leaves_the_server_answering(server):
     port = server[0]
     for partial in (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500"
@@ -194,6 +182,18 @@ def json_request(pair) -> bytes:
     body = json.dumps({"inputs": as_inputs([pair])[0]}).encode()
     return (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+@pytest.mark.e2e
+def test_sigterm_answers_the_requests_in_flight_and_exits_0(server):
+    port, process, log = server
+    with ThreadPoolExecutor(6) as pool:
+        answers = [pool.submit(post, port, {"inputs": as_inputs(PAIRS)}) for _ in range(6)]
+        time.sleep(0.1)  # accepted, waiting for their batch (--batch-timeout 0.2)
+        process.send_signal(signal.SIGTERM)
+        statuses = [answer.result()[0] for answer in answers]
+    assert statuses == [200] * 6
+    assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
 
 
 def model_worker(process: subprocess.Popen) -> psutil.Process:

@@ -95,13 +95,14 @@ class PredictRequest(BaseModel):
 
 class FormAPI(ls.LitAPI):
     """The model of ``form`` in ``folder`` behind LitServe: each batch of requests scored by ``Predictor.logits`` in
-    chunks of at most ``max_batch_size`` examples, padded to a multiple of ``pad_multiple`` tokens and filled up to
-    a ``row_buckets`` size, so a compiled runtime meets few input shapes. On ``cuda`` (the ``pytorch`` form only) the
-    model runs in bf16, fp16 where the GPU lacks bf16."""
+    chunks of at most ``max_batch_size`` examples, padded to a multiple of ``pad_multiple`` tokens and, with
+    ``fill_rows``, filled up to a ``row_buckets`` size, so a runtime that compiles each shape meets few of them. On
+    ``cuda`` (the ``pytorch`` form only) the model runs in bf16, fp16 where the GPU lacks bf16."""
 
-    def __init__(self, form: str, folder: Path, pad_multiple: int, log_level: str, **batching):
+    def __init__(self, form: str, folder: Path, pad_multiple: int, fill_rows: bool, log_level: str, **batching):
         super().__init__(**batching)
-        self.form, self.folder, self.pad_multiple, self.log_level = form, folder, pad_multiple, log_level
+        self.form, self.folder, self.log_level = form, folder, log_level
+        self.pad_multiple, self.fill_rows = pad_multiple, fill_rows
 
     def setup(self, device: str) -> None:
         import torch
@@ -132,7 +133,7 @@ class FormAPI(ls.LitAPI):
         rows = [row for request in requests for row in request]
         log.debug("batch: %d requests, %d examples", len(requests), len(rows))
         answers = iter(self.predictor.answers(self.predictor.logits(
-            rows, batch_size=self.max_batch_size, pad_to_multiple_of=self.pad_multiple, fill_rows=True)))
+            rows, batch_size=self.max_batch_size, pad_to_multiple_of=self.pad_multiple, fill_rows=self.fill_rows)))
         return [[next(answers) for _ in request] for request in requests]
 
     def unbatch(self, outputs: list[list[dict]]) -> list[list[dict]]:
@@ -222,7 +223,8 @@ class Deadline:
             await send(message)
 
         try:
-            await asyncio.wait_for(self.app(scope, receive, tracked), self.seconds)
+            async with asyncio.timeout(self.seconds):
+                await self.app(scope, receive, tracked)
         except TimeoutError:
             if started:
                 raise
@@ -278,8 +280,8 @@ def serve(args: argparse.Namespace) -> None:
         raise ExportError(f"{folder}: incomplete ({err}); make it again with {make}") from None
     check_port(args.host, args.port)
     PredictRequest.pair, PredictRequest.max_examples = len(task.text_columns) == 2, args.max_examples
-    api = FormAPI(form, folder, args.pad_to_multiple_of, args.log_level, max_batch_size=args.max_batch_size,
-                  batch_timeout=args.batch_timeout)
+    api = FormAPI(form, folder, args.pad_to_multiple_of, args.fill_rows, args.log_level,
+                  max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
     info = {"form": form, "folder": str(folder), "task": task.name, "labels": task.label_names,
             **{k: v for k, v in vars(args).items() if k not in ("form", "model", "exported")}}  # GET /info
     server = ls.LitServer(api, accelerator=args.device, devices=1, workers_per_device=1, timeout=args.timeout,
@@ -324,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="bytes per request body")
     parser.add_argument("--pad-to-multiple-of", type=positive_int, default=16,
                         help="pad each batch's length to a multiple of this (few input shapes)")
+    parser.add_argument("--fill-rows", action="store_true", help="fill each batch up to 1, 2, 4, 8, then multiples of "
+                        "8 rows (fewer shapes, more work: for a runtime that compiles each new shape slowly)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="cuda: the pytorch form on the GPU in bf16 (fp16 where the GPU lacks bf16)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -118,6 +118,8 @@ class Predictor:
                 row (their logits are dropped); not with an accelerator.
             desc: a progress bar's label; None: no bar.
         """
+        if isinstance(rows, list | tuple) and 0 < len(rows) <= batch_size and not fill_rows and not self.accelerator:
+            return self._one_batch(rows, pad_to_multiple_of)  # nothing to sort: as the tokenizer pads, in one call
         features = _Features(self.encode(rows) if isinstance(rows, list | tuple) else rows)
         order = length_order(features.lengths()) if sort_by_length else np.arange(len(features))
         if fill_rows and self.accelerator is not None:
@@ -150,6 +152,17 @@ class Predictor:
         logits = torch.empty_like(sorted_logits)
         logits[torch.from_numpy(order)] = sorted_logits
         return logits
+
+    def _one_batch(self, examples: Sequence[Example], pad_to_multiple_of: int | None) -> torch.Tensor:
+        """Logits ``[examples, num_labels]`` of examples that fit one batch, tokenized and padded by the tokenizer
+        in one call: the same batch as ``encode`` and ``PreTrainedTokenizerBase.pad`` give, without the token ids'
+        trip through Python lists."""
+        columns = [list(column) for column in zip(*examples)]
+        batch = self.tokenizer(*columns, truncation=True, max_length=self.max_length, padding=True,
+                               pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt").to(self.device)
+        self.model.eval()
+        with torch.no_grad():
+            return self.model(**batch).logits.float().cpu()
 
     def answers(self, logits: torch.Tensor) -> list[dict]:
         """``answers`` of ``logits`` for this task."""
