@@ -226,8 +226,11 @@ def test_a_dead_model_worker_is_restarted_and_a_model_gone_for_good_stops_the_se
                 model_worker(process).kill()
                 begin = time.monotonic()
                 answers = [answer.result() for answer in held]
-            assert [status for status, _ in answers] == [504] * 3 and time.monotonic() - begin < 6, answers
-            assert "(--timeout); the model worker is overloaded or restarting" in answers[0][1]["error"]
+            # each answered within the timeout: a 504 for what the dead worker held, or a 200 from its successor for
+            # what was still queued; never an empty reply
+            assert {status for status, _ in answers} <= {200, 504} and time.monotonic() - begin < 6, answers
+            assert all("(--timeout); the model worker is overloaded or restarting" in answer["error"]
+                       for status, answer in answers if status == 504), answers
             assert answered_within(port, 60), (tmp_path / "serve.log").read_text()[-3000:]
         shutil.rmtree(copy)  # loaded in memory: it still answers, until its worker has to load it again
         assert post(port, {"inputs": as_inputs(PAIRS[:1])})[0] == 200

@@ -94,7 +94,7 @@ def test_float_labels_are_regression_and_a_test_file_without_labels_is_unlabeled
 
 
 def test_integer_labels_declared_regression_are_scores(project_root):
-    df = own_frame("pair-regression", 20, 0).assign(score=lambda d: d["score"].round().astype(int))
+    df = own_frame("pair-regression", 40, 0).assign(score=lambda d: d.index % 5)  # whole numbers, varied in each split
     write_own_file(df, project_root / "data/own/train.csv")
     params = own_params({"train": "data/own/train.csv"}, ["sentence1", "sentence2"], "score", task_type="regression")
     download_dataset(params.data, project_root / "data/raw")

@@ -4,6 +4,7 @@ history and parameter importances as PNG (``optuna.visualization.matplotlib``: n
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import logging
@@ -123,9 +124,14 @@ def write_plots(study: optuna.Study, out: Path) -> None:
 def write_report(study: optuna.Study, space: SearchSpace, metric: str, params: dict, out: Path) -> None:
     """Write ``out``/trials.md, trials.json, recipe.yaml (with a complete trial; the keys that differ from
     ``params``, params.yaml's content) and the plots, all at once: the folder is replaced when the report is whole
-    (``atomic_dir``), so an error leaves the earlier report as it was."""
-    with atomic_dir(out) as tmp:
-        _write_report(study, space, metric, params, tmp)
+    (``atomic_dir``), so an error leaves the earlier report as it was. Workers of one project that end together
+    write it one at a time (a lock in the project's .tune/), so neither removes the other's temp folder."""
+    lock = Path(".tune") / f"{out.name}.report.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with atomic_dir(out) as tmp:
+            _write_report(study, space, metric, params, tmp)
     log.info("Report of study %s in %s/ (%s)", study.study_name, out, ", ".join(sorted(p.name for p in out.iterdir())))
 
 
