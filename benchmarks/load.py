@@ -43,9 +43,9 @@ import litserve as ls
 import numpy as np
 from sklearn.metrics import accuracy_score, f1_score
 
+from finetune.export.registry import form_folder, load_form
 from finetune.export.speed import served_form
 from finetune.hardware import cpu_model
-from finetune.inference.runtimes import form_folder
 from finetune.paths import Paths
 from tools.serve import check_port
 
@@ -116,11 +116,9 @@ class BareAPI(ls.LitAPI):
         import torch
         from transformers import AutoTokenizer
 
-        from finetune.inference.runtimes import load_runtime
-
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        self.model, self.device = load_runtime(self.form, self.folder).to(device), device
+        self.model, self.device = load_form(self.form, self.folder).to(device), device
         self.names = self.model.config.id2label
 
     def decode_request(self, request: dict) -> tuple[str, str]:

@@ -45,10 +45,10 @@ from transformers import AutoTokenizer, pipeline
 from benchmarks.machine import int8_gops, machine, matmul_gflops
 from benchmarks.workspace import check_workspace
 from finetune.data.sources import resolve_checkpoint
-from finetune.export.make import bf16_unsupported, make_forms
-from finetune.export.registry import FORMS, NATIVE_BF16, unmet
-from finetune.inference.predictor import Predictor
-from finetune.inference.runtimes import PYTORCH, form_folder
+from finetune.export.forms import make_forms
+from finetune.export.make import bf16_unsupported
+from finetune.export.registry import FORMS, NATIVE_BF16, form_folder, open_form, unmet
+from finetune.inference.predictor import PYTORCH, Predictor
 from finetune.modeling import load_classifier
 from finetune.params import load_params
 from finetune.paths import Paths, project_path
@@ -96,7 +96,7 @@ def measure(way: str, model_dir: Path, exported: Path, pairs, latency_pairs: int
     else:
         form, autocast = {"pytorch fp32 (sorted)": (PYTORCH, False),
                           "torch bf16 autocast": (PYTORCH, True)}.get(way, (way, False))
-        predictor = Predictor.open(form_folder(form, model_dir, exported), form)
+        predictor = open_form(form_folder(form, model_dir, exported), form)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             timed(predictor, pairs[:4], 2)  # warm-up
             _, lat = timed(predictor, pairs[:latency_pairs], 1)

@@ -43,10 +43,6 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    if "finetune.export.registry.resolve" in names:  # the forms' makers and loaders, named as "module:function"
-        from finetune.export.registry import referenced_modules
-
-        names.update(referenced_modules())
     return names
 
 

@@ -244,32 +244,14 @@ class OpenVinoParams(_Section):
 
 
 class ExportParams(_Section):
-    """The served forms of the fine-tuned model (finetune/export/registry.py, docs/serving.md)."""
+    """The served forms of the fine-tuned model (docs/serving.md). Only the export stage reads this section."""
 
-    forms: list[str]  # names registered in finetune/export/registry.py; [] makes none
+    forms: list[str]  # names in finetune/export/registry.py, checked by the export stage (check_forms); [] makes none
     opset: int = Field(strict=True, ge=17)  # ONNX opset of torch.onnx.export
     int8: Int8Params
     openvino: OpenVinoParams
     fp32_tolerance: float = Field(gt=0)  # largest |logit - PyTorch's logit| of an fp32 form: beyond, the stage fails
     max_metric_drop: float = Field(ge=0)  # a lossy form (int8, bf16) losing more of the main metric: a WARNING
-
-    @field_validator("forms", mode="before")
-    @classmethod
-    def _registered(cls, forms: Any) -> Any:
-        """Each form is one of the registry's, at validation time (a form registered at run time counts): an error
-        per other item, as a Literal of the names gives (``export.forms.0: Input should be 'onnx-fp32', ...``)."""
-        from pydantic_core import InitErrorDetails, PydanticCustomError
-
-        from finetune.export.registry import FORMS, expected
-
-        if not isinstance(forms, list):
-            return forms  # pydantic's own error: not a list
-        unknown = [InitErrorDetails(type=PydanticCustomError("literal_error", "Input should be {expected}",
-                                                             {"expected": expected()}), loc=(i,), input=form)
-                   for i, form in enumerate(forms) if not isinstance(form, str) or form not in FORMS]
-        if unknown:
-            raise ValidationError.from_exception_data("forms", unknown)
-        return forms
 
     _forms_once = field_validator("forms")(_each_once)
 

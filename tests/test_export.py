@@ -20,7 +20,8 @@ from finetune.errors import ExportError, ParamsError
 from finetune.export import make as export
 from finetune.export.forms import export_forms
 from finetune.export.make import export_onnx, module_of, quantize_int8
-from finetune.inference.runtimes import OnnxClassifier, form_folder, load_runtime
+from finetune.export.registry import FORMS, Form, Need, check_forms, form_folder, load_form, register
+from finetune.inference.runtimes import OnnxClassifier
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.paths import Paths
 from finetune.tasks import glue_task
@@ -111,7 +112,7 @@ def test_module_names_of_onnx_nodes_and_no_local_paths(template_onnx):
 
 def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
     params, paths = finetuned
-    monkeypatch.setattr(export, "bf16_unsupported", lambda: None)  # make the bf16 form on any CPU
+    monkeypatch.setattr(export, "cpu_bf16_flags", lambda: ["avx512_bf16"])  # make the bf16 form on any CPU
     results = export_forms(params, paths)
 
     assert list(results) == ["pytorch", "onnx-fp32", "onnx-int8", "torch-bf16", "fastest_at_parity"]
@@ -126,7 +127,7 @@ def test_stage_writes_every_form_and_its_parity(finetuned, monkeypatch):
     assert fp32["validation"]["accuracy"] == results["pytorch"]["validation"]["accuracy"]
     assert results["onnx-int8"]["size_mb"] < fp32["size_mb"]
     assert results["onnx-int8"]["kept_fp32_matmuls"] == 6
-    assert load_runtime("torch-bf16", paths.exported / "torch-bf16").dtype == torch.bfloat16
+    assert load_form("torch-bf16", paths.exported / "torch-bf16").dtype == torch.bfloat16
     # The forms at parity and PyTorch are timed; the fastest at each batch size is named, and on its card.
     timed = [form for form, r in results.items() if "speed" in r]
     assert "pytorch" in timed and set(timed) == {"pytorch", *(f for f in made if "warning" not in results[f])}
@@ -145,9 +146,9 @@ def test_int8_only_keeps_no_fp32_folder_and_bf16_is_skipped_without_hardware(fin
     params, paths = finetuned
     params = params.model_copy(update={"export": params.export.model_copy(update={"forms": ["onnx-int8",
                                                                                          "torch-bf16"]})})
-    monkeypatch.setattr(export, "bf16_unsupported", lambda: "no bf16 here")
+    monkeypatch.setattr(export, "cpu_bf16_flags", lambda: [])  # a CPU without AVX512-BF16 or AMX-BF16
     results = export_forms(params, paths)
-    assert results["torch-bf16"] == {"skipped": "no bf16 here"}
+    assert results["torch-bf16"]["skipped"].startswith("this CPU has no AVX512-BF16 or AMX-BF16")
     assert sorted(p.name for p in paths.exported.iterdir()) == ["onnx-int8"]
 
 
@@ -218,8 +219,9 @@ def test_bad_forms_and_missing_onnxruntime_say_what_to_do(finetuned, monkeypatch
 
 
 def test_export_params_are_checked():
-    with pytest.raises(ParamsError, match=r"export.forms.0: Input should be 'onnx-fp32'"):
-        tiny_params(export={"forms": ["onnx"]})
+    unknown = r"^params.yaml: export.forms.1: Input should be 'onnx-fp32', .* \(got 'onnx'\)$"
+    with pytest.raises(ParamsError, match=unknown):
+        check_forms(["onnx-int8", "onnx"])
     with pytest.raises(ParamsError, match=r"export.forms: 'onnx-int8' is listed twice; list each once"):
         tiny_params(export={"forms": ["onnx-int8", "onnx-int8"]})
     with pytest.raises(ParamsError, match=r"export.opset"):
@@ -250,7 +252,7 @@ def test_openvino_forms_agree_with_pytorch_and_calibrate_on_train_rows_only(fine
     settings = params.export.model_copy(update={"forms": OPENVINO,
                                                 "openvino": params.export.openvino.model_copy(
                                                     update={"calibration_rows": 25})})
-    monkeypatch.setattr(export, "bf16_unsupported", lambda: None)  # make the bf16 form on any CPU
+    monkeypatch.setattr(export, "cpu_bf16_flags", lambda: ["avx512_bf16"])  # make the bf16 form on any CPU
     calibrated, quantize = [], nncf.quantize
 
     def recording(model, dataset, **kwargs):
@@ -305,20 +307,15 @@ def test_missing_openvino_is_named_and_the_other_forms_are_made(finetuned, monke
     (paths.exported / "openvino-int8").mkdir()  # a folder, so that loading the form gets to importing OpenVINO
     monkeypatch.setitem(sys.modules, "openvino", None)
     with pytest.raises(ExportError, match=r"OpenVINO is not installed: pip install -e '.\[serve\]'"):
-        load_runtime("openvino-int8", paths.exported / "openvino-int8")
+        load_form("openvino-int8", paths.exported / "openvino-int8")
 
 
-def test_every_registry_reference_resolves():
-    from finetune.export import registry
-
-    for form in registry.FORMS.values():
-        assert callable(registry.resolve(form.make)) and callable(registry.resolve(form.load)), form.name
-        assert all(callable(registry.resolve(need.check)) for need in form.needs), form.name
-        assert form.base is None or form.base in registry.FORMS, form.name
-    assert registry.referenced_modules() == ["finetune.export.make", "finetune.export.openvino",
-                                             "finetune.inference.runtimes"]
+def test_the_registry_refuses_a_name_twice_and_an_unknown_base():
+    assert all(form.base is None or form.base in FORMS for form in FORMS.values())
     with pytest.raises(ValueError, match="'onnx-int8' is already registered"):
-        registry.register(registry.FORMS["onnx-int8"])
+        register(FORMS["onnx-int8"])
+    with pytest.raises(ValueError, match="its base 'onnx-fp16' is not a registered form"):
+        register(Form("x", make_torch_fp32, load_finetuned, lossy=False, loaded_with="-", base="onnx-fp16"))
 
 
 # A new form is one module (here, these functions) and one registry entry (here, registered at run time).
@@ -339,32 +336,29 @@ def no_such_package():
 
 
 @pytest.fixture
-def register():
+def registered():
     """``finetune.export.registry.register``, with the registry as it was after the test."""
-    from finetune.export import registry
-
-    before = dict(registry.FORMS)
-    yield registry.register
-    registry.FORMS.clear()
-    registry.FORMS.update(before)
+    before = dict(FORMS)
+    yield register
+    FORMS.clear()
+    FORMS.update(before)
 
 
-def test_a_registered_form_is_validated_made_checked_and_predicts(finetuned, register, tmp_path, caplog):
-    from finetune.export.registry import Form, Need
+def test_a_registered_form_is_validated_made_checked_and_predicts(finetuned, registered, tmp_path, caplog):
     from tools.predict import predict
 
     _, paths = finetuned
     forms = ["torch-fp32", "onnx-copy", "needs-a-package"]
     unknown = r"export.forms.0: Input should be .* or 'openvino-int8' \(got 'torch-fp32'\)"
-    with pytest.raises(ParamsError, match=unknown):
-        tiny_params(export={"forms": forms})
-    register(Form("torch-fp32", f"{__name__}:make_torch_fp32", "finetune.modeling:load_finetuned", lossy=False,
-                  loaded_with="AutoModelForSequenceClassification.from_pretrained(folder)", pytorch_module=True))
-    register(Form("onnx-copy", f"{__name__}:copy_onnx", "finetune.inference.runtimes:OnnxClassifier", lossy=False,
-                  loaded_with="onnxruntime.InferenceSession(\"model.onnx\")", base="onnx-fp32"))
-    register(Form("needs-a-package", f"{__name__}:copy_onnx", "finetune.inference.runtimes:OnnxClassifier", lossy=False,
-                  loaded_with="-", needs=(Need("package", f"{__name__}:no_such_package"),), base="onnx-fp32"))
-    params = tiny_params(export={"forms": forms})  # the registered names validate
+    params = tiny_params(export={"forms": forms})
+    with pytest.raises(ParamsError, match=unknown):  # the export stage checks the names
+        export_forms(params, paths)
+    registered(Form("torch-fp32", make_torch_fp32, load_finetuned, lossy=False,
+                    loaded_with="AutoModelForSequenceClassification.from_pretrained(folder)"))
+    registered(Form("onnx-copy", copy_onnx, OnnxClassifier, lossy=False,
+                    loaded_with="onnxruntime.InferenceSession(\"model.onnx\")", base="onnx-fp32"))
+    registered(Form("needs-a-package", copy_onnx, OnnxClassifier, lossy=False, loaded_with="-",
+                    needs=(Need("package", no_such_package),), base="onnx-fp32"))
 
     results = export_forms(params, paths)
     assert list(results) == ["pytorch", *forms, "fastest_at_parity"]
@@ -396,11 +390,8 @@ def make_off(job):
     return {}
 
 
-def test_a_registered_fp32_form_off_pytorch_fails_the_stage(finetuned, register):
-    from finetune.export.registry import Form
-
+def test_a_registered_fp32_form_off_pytorch_fails_the_stage(finetuned, registered):
     _, paths = finetuned
-    register(Form("torch-off", f"{__name__}:make_off", "finetune.modeling:load_finetuned", lossy=False,
-                  loaded_with="-", pytorch_module=True))
+    registered(Form("torch-off", make_off, load_finetuned, lossy=False, loaded_with="-"))
     with pytest.raises(ExportError, match=r"^torch-off: validation logits differ .* export.fp32_tolerance"):
         export_forms(tiny_params(export={"forms": ["torch-off"]}), paths)

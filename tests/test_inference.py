@@ -72,12 +72,13 @@ def test_a_folder_that_cant_be_opened_says_so_in_one_line(tiny_finetuned, tmp_pa
 
 
 # Where a model folder may be opened and rows sorted by length; anywhere else is a second inference path.
-OPENERS = {"load_finetuned", "load_runtime", "InferenceSession", "compile_model"}
+OPENERS = {"load_finetuned", "load_form", "InferenceSession", "compile_model"}
 ALLOWED = {
     "finetune/inference/predictor.py": OPENERS,  # the core
     "finetune/inference/runtimes.py": OPENERS,  # each form's runtime, which the core opens
     "finetune/modeling.py": {"load_finetuned"},  # defines it
-    "benchmarks/load.py": {"load_runtime"},  # BareAPI: the engine's bare ceiling, on purpose without the core
+    "finetune/export/registry.py": {"load_form"},  # defines it: a form's loader, for the bare reference server
+    "benchmarks/load.py": {"load_form"},  # BareAPI: the engine's bare ceiling, on purpose without the core
     "benchmarks/machine.py": {"InferenceSession"},  # an int8 matmul of its own, the machine's ceiling
     "finetune/data/batches.py": {"argsort"},  # length_order: the one sort by length
 }

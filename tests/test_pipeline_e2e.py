@@ -91,6 +91,51 @@ def test_repro_runs_every_stage_then_nothing(project):
     run(["git", "commit", "-qm", "baseline run"], root)
 
 
+NEW_FORM = '''"""A served form added as docs/serving.md says: the onnx-fp32 file, copied."""
+
+import shutil
+
+from finetune.export.make import MakeJob
+
+
+def make_onnx_copy(job: MakeJob) -> dict:
+    shutil.copy(job.base / "model.onnx", job.folder / "model.onnx")
+    return {}
+'''
+
+
+def stages_to_rerun(root: Path) -> set[str]:
+    """The stages ``dvc status`` finds changed (their own deps or params, not those of the stages before them)."""
+    return set(json.loads(run(dvc("status", "--json"), root)))
+
+
+def test_a_new_form_reruns_only_export_and_an_evaluation_change_never_train(project):
+    root = project
+    fingerprint = python("-c", "from finetune.code import code_digest; print(code_digest('stages.train'))")
+    before = run(fingerprint, root)
+    registry = root / "finetune/export/registry.py"
+    original = registry.read_text()
+    (root / "finetune/export/onnx_copy.py").write_text(NEW_FORM)
+    registry.write_text(original.replace("\nfrom finetune.inference", "\nfrom finetune.export.onnx_copy import "
+                                         "make_onnx_copy\nfrom finetune.inference", 1).replace(
+        "\n)}\n", '\n    Form("onnx-copy", make_onnx_copy, OnnxClassifier, lossy=False, loaded_with="-", '
+        'base="onnx-fp32"),\n)}\n', 1))
+    try:
+        assert stages_to_rerun(root) == {"export"}
+        assert run(fingerprint, root) == before  # a training checkpoint still resumes
+    finally:
+        registry.write_text(original)
+        (root / "finetune/export/onnx_copy.py").unlink()
+    predictions = root / "finetune/evaluate/predictions.py"
+    original = predictions.read_text()
+    predictions.write_text(original + "\n# an edit of the evaluate stage's code\n")
+    try:
+        assert stages_to_rerun(root) == {"evaluate"}
+    finally:
+        predictions.write_text(original)
+    assert "up to date" in run(dvc("status"), root)
+
+
 def test_export_params_rerun_the_export_stage_only(project):
     # The tiny params make no served form; asking for them reruns export alone, and export.json is a metric.
     root = project

@@ -21,9 +21,8 @@ import pandas as pd
 from finetune.data.checks import clean_texts
 from finetune.data.loading import WRITE_FORMATS, check_writable, load_files, write_table
 from finetune.errors import CheckpointError, DataError
-from finetune.export.registry import FORMS
-from finetune.inference.predictor import Predictor
-from finetune.inference.runtimes import PYTORCH, form_folder
+from finetune.export.registry import FORMS, form_folder, open_form
+from finetune.inference.predictor import PYTORCH
 from finetune.runtime import run_stage
 from finetune.tasks import Task
 from tools.cli import positive_int
@@ -74,7 +73,7 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     rows.attrs["numbered"] = True  # errors name the row's number in the file
     clean_texts(rows, task.text_columns, str(input_file), "input")
 
-    predictor = Predictor.open(folder, form, max_length=max_length, max_length_key="--max-length",
+    predictor = open_form(folder, form, max_length=max_length, max_length_key="--max-length",
                                device=_device())
     examples = list(zip(*(rows[c].tolist() for c in task.text_columns)))
     return predictor.table(rows, predictor.logits(examples, batch_size=batch_size, desc="predict"))

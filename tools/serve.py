@@ -33,10 +33,9 @@ import litserve as ls
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 
 from finetune.errors import ExportError, PipelineError
-from finetune.export.registry import FORMS
+from finetune.export.registry import FORMS, form_folder, open_form
 from finetune.export.speed import EXPORT_METRICS, served_form
-from finetune.inference.predictor import Predictor, row_buckets
-from finetune.inference.runtimes import PYTORCH, form_folder
+from finetune.inference.predictor import PYTORCH, row_buckets
 from finetune.modeling import check_checkpoint
 from finetune.runtime import run_stage
 from finetune.tasks import Task
@@ -112,7 +111,7 @@ class FormAPI(ls.LitAPI):
         outlive_sigterm()
         dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if device != "cpu" else None
         try:
-            self.predictor = Predictor.open(self.folder, self.form, device=device, dtype=dtype)
+            self.predictor = open_form(self.folder, self.form, device=device, dtype=dtype)
         except PipelineError as err:  # at start-up, or restarting after a crash: the server stops, exit status 1
             log.error("%s; stopping the server", err)
             os.kill(os.getppid(), signal.SIGUSR1)

@@ -1,5 +1,5 @@
-"""The export stage's makers of the ONNX and PyTorch forms, and ``make_forms``, which makes the forms
-``export.forms`` lists by their finetune/export/registry.py entries (docs/serving.md, "Why these tools").
+"""The export stage's makers of the ONNX and PyTorch forms, which finetune/export/registry.py names
+(docs/serving.md, "Why these tools").
 
 - ``onnx-fp32``: ``torch.onnx.export``, dynamo exporter; batch and sequence length dynamic; one ``model.onnx``.
 - ``onnx-int8``: ``onnxruntime.quantization.quantize_dynamic`` of the fp32 file: int8 weights, activations quantized
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from finetune.params import ExportParams
 
 from finetune.errors import ExportError
-from finetune.export.registry import FORMS, resolve, unmet
 from finetune.hardware import cpu_bf16_flags
 from finetune.inference.runtimes import ONNX_FILE
 
@@ -95,7 +94,7 @@ def export_onnx(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
 def drop_stack_traces(path: Path) -> None:
     """Remove the per-node ``pkg.torch.onnx.stack_trace`` metadata (this checkout's absolute paths, so exports from
     two clones would differ); ``pkg.torch.onnx.name_scopes`` stays for ``module_of``."""
-    import onnx
+    import onnx  # heavy, and only the ONNX forms need it
 
     graph = onnx.load(str(path))
     for node in graph.graph.node:
@@ -123,8 +122,8 @@ def quantize_int8(fp32_path: Path, int8_path: Path, per_channel: bool, keep_fp32
         keep_fp32: a matmul stays fp32 when its module's name is one of these or ends with ``.<name>``
             (``query`` matches ``bert.encoder.layer.0.attention.self.query``); a WARNING when none matches.
     """
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import onnx  # heavy, and only the ONNX forms need it
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy, only the int8 form needs it
 
     graph = onnx.load(str(fp32_path)).graph
     kept_nodes, kept_modules = [], []
@@ -208,41 +207,3 @@ def make_torch_bf16(job: MakeJob) -> dict:
     """The ``torch-bf16`` form: ``save_bf16`` of the model into ``job.folder``."""
     save_bf16(job.model, job.folder)
     return {}
-
-
-def make_forms(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_dir: Path, out_dir: Path,
-               p: ExportParams, train: Dataset | None = None) -> dict[str, dict]:
-    """Make each form of ``p.forms`` of ``model`` (saved in ``model_dir``) in ``out_dir / <form>`` by its registry
-    entry's maker. A form whose needs this machine does not meet is skipped (INFO for hardware, WARNING for a
-    package). Base forms are made first and kept only when ``p.forms`` lists them; ``train`` calibrates OpenVINO int8.
-
-    Returns:
-        Per form of ``p.forms``, in its order: ``{"skipped": why}``, or what its maker returned.
-
-    Raises:
-        ExportError: the exporter or the quantizer can't handle the model (``export_onnx``, ``quantize_openvino``).
-    """
-    made, asked = {}, []
-    for name in p.forms:
-        if problem := unmet(name):
-            need, why = problem
-            (log.warning if need.kind == "package" else log.info)("%s: skipped: %s", name, why)
-            made[name] = {"skipped": why}
-        else:
-            asked.append(name)
-    bases = []
-    for name in asked:
-        chain, base = [], FORMS[name].base
-        while base is not None:
-            chain.insert(0, base)
-            base = FORMS[base].base
-        bases += chain
-    for name in dict.fromkeys([*bases, *asked]):  # each base before the forms made from it
-        form = FORMS[name]
-        copy_side_files(model_dir, out_dir / name)
-        job = MakeJob(name, model, tokenizer, out_dir / name, None if form.base is None else out_dir / form.base, p,
-                      train)
-        made[name] = resolve(form.make)(job)
-    for name in set(bases) - set(p.forms):
-        shutil.rmtree(out_dir / name, ignore_errors=True)
-    return {name: made[name] for name in p.forms}

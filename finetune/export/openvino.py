@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from finetune.errors import ExportError
+from finetune.export.make import MakeJob, model_inputs
 from finetune.inference.runtimes import ONNX_FILE, OV_CONFIG, OV_FILE, SERVE_EXTRA
 
 if TYPE_CHECKING:
     from datasets import Dataset
-
-    from finetune.export.make import MakeJob
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def openvino_missing() -> str | None:
 def save_openvino(model, folder: Path, precision: str = "f32", **record) -> Path:
     """Save ``model`` (an ONNX file's path or an OpenVINO model) as IR in ``folder``, with an ``openvino.json`` of
     ``precision`` (the ``INFERENCE_PRECISION_HINT``, f32 or bf16) and ``record``."""
-    import openvino as ov
+    import openvino as ov  # optional: the serve extra
 
     folder.mkdir(parents=True, exist_ok=True)
     model = ov.convert_model(str(model)) if isinstance(model, Path) else model
@@ -65,10 +65,8 @@ def quantize_openvino(onnx_path: Path, folder: Path, samples: list[dict[str, np.
     Raises:
         ExportError: NNCF fails on the model.
     """
-    import nncf
-    import openvino as ov
-
-    from finetune.errors import ExportError
+    import nncf  # optional: the serve extra
+    import openvino as ov  # optional: the serve extra
 
     try:
         quantized = nncf.quantize(ov.convert_model(str(onnx_path)), nncf.Dataset(samples),
@@ -101,8 +99,6 @@ def make_openvino_int8(job: MakeJob) -> dict:
     Raises:
         ExportError: NNCF fails on the model.
     """
-    from finetune.export.make import model_inputs
-
     p = job.params.openvino
     samples = calibration_rows(job.train, p.calibration_rows, p.seed, model_inputs(job.tokenizer))
     log.info("%s: quantizing with nncf.quantize, calibrated on %d train rows", job.form, len(samples))

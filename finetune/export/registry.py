@@ -1,17 +1,26 @@
-"""The served forms' registry (docs/serving.md): what ``export.forms`` is validated against, and what the export
-stage makes and ``finetune.inference`` loads.
+"""The served forms' registry (docs/serving.md): each form's maker, loader, needs and parity rule, which the export
+stage makes and checks and ``tools.predict``, ``tools.serve`` and the serving benchmarks open.
 
-Makers, loaders and checks are ``"module:function"`` strings imported only when called (``resolve``): every stage
-imports this module through finetune/params.py, and none may depend on the export code, torch or ONNX.
+Only the export stage and the serving tools import this module, so adding a form (its module and an entry here)
+reruns the export stage and nothing before it: ``export.forms`` is checked against ``FORMS`` by the export stage
+(``check_forms``), not by the params schema every stage loads.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import Literal
 
-PYTORCH = "pytorch"  # the fine-tuned model as trained (models/finetuned, fp32): the reference, not a made form
+import torch
+
+from finetune.errors import ExportError, ParamsError
+from finetune.export.make import MakeJob, bf16_unsupported, make_onnx_fp32, make_onnx_int8, make_torch_bf16
+from finetune.export.openvino import make_openvino_bf16, make_openvino_fp32, make_openvino_int8, openvino_missing
+from finetune.inference.predictor import PYTORCH, Predictor
+from finetune.inference.runtimes import OnnxClassifier, OpenVinoClassifier, load_bf16
+from finetune.modeling import load_finetuned
 
 
 @dataclass(frozen=True)
@@ -20,15 +29,15 @@ class Need:
 
     Attributes:
         kind: a form skipped for want of ``hardware`` is logged at INFO, of a ``package`` as a WARNING.
-        check: ``"module:function"`` of ``() -> str | None``: why the need is not met here, None when it is.
+        check: why the need is not met here, None when it is.
     """
 
     kind: Literal["hardware", "package"]
-    check: str
+    check: Callable[[], str | None]
 
 
-NATIVE_BF16 = Need("hardware", "finetune.export.make:bf16_unsupported")  # a GPU with bf16, or AVX512-BF16 / AMX-BF16
-OPENVINO = Need("package", "finetune.export.openvino:openvino_missing")  # openvino and nncf (the serve extra)
+NATIVE_BF16 = Need("hardware", bf16_unsupported)  # a GPU with bf16, or AVX512-BF16 / AMX-BF16
+OPENVINO = Need("package", openvino_missing)  # openvino and nncf (the serve extra)
 
 
 @dataclass(frozen=True)
@@ -36,47 +45,40 @@ class Form:
     """One served form, made into ``models/exported/<name>/``.
 
     Attributes:
-        make: ``"module:function"`` of ``(job: MakeJob) -> dict``: writes the weights into ``job.folder`` and returns
-            what metrics/export.json records beyond parity.
-        load: ``"module:function"`` of ``(folder: Path) -> torch.nn.Module`` whose
-            ``forward(**batch)`` takes ``[batch, seq_len]`` tensors and returns ``.logits [batch, num_labels]``, with
-            ``config`` from the folder.
+        make: writes the weights into ``job.folder`` and returns what metrics/export.json records beyond parity.
+        load: the classifier in a folder: a ``torch.nn.Module`` whose ``forward(**batch)`` takes ``[batch, seq_len]``
+            tensors and returns ``.logits [batch, num_labels]``, with ``config`` from the folder. One with torch
+            parameters is moved to the Predictor's device; one without (a runtime's session) runs on the CPU.
         lossy: False: logits must equal PyTorch's within ``export.fp32_tolerance`` (else the stage fails); True:
             flagged beyond ``export.max_metric_drop``.
         loaded_with: how a user loads it, for the model card.
         base: the form this one is made from, made first and removed when ``export.forms`` omits it.
-        pytorch_module: a torch module, which ``finetune.inference.Predictor`` moves to its device or accelerator;
-            else it runs on the CPU.
     """
 
     name: str
-    make: str
-    load: str
+    make: Callable[[MakeJob], dict]
+    load: Callable[[Path], torch.nn.Module]
     lossy: bool
     loaded_with: str
     needs: tuple[Need, ...] = ()
     base: str | None = None
-    pytorch_module: bool = False
 
 
-_ONNX, _OPENVINO = "finetune.inference.runtimes:OnnxClassifier", "finetune.inference.runtimes:OpenVinoClassifier"
 _ONNX_LOAD = 'onnxruntime.InferenceSession("model.onnx")'
 _OPENVINO_LOAD = 'openvino.compile_model("openvino_model.xml", "CPU", <openvino.json\'s hint>)'
 
 FORMS: dict[str, Form] = {form.name: form for form in (
-    Form("onnx-fp32", "finetune.export.make:make_onnx_fp32", _ONNX, lossy=False,
-         loaded_with=_ONNX_LOAD),
-    Form("onnx-int8", "finetune.export.make:make_onnx_int8", _ONNX, lossy=True,
-         loaded_with=_ONNX_LOAD, base="onnx-fp32"),
-    Form("torch-bf16", "finetune.export.make:make_torch_bf16", "finetune.inference.runtimes:load_bf16", lossy=True,
+    Form("onnx-fp32", make_onnx_fp32, OnnxClassifier, lossy=False, loaded_with=_ONNX_LOAD),
+    Form("onnx-int8", make_onnx_int8, OnnxClassifier, lossy=True, loaded_with=_ONNX_LOAD, base="onnx-fp32"),
+    Form("torch-bf16", make_torch_bf16, load_bf16, lossy=True,
          loaded_with="AutoModelForSequenceClassification.from_pretrained(folder)  # bf16 weights",
-         needs=(NATIVE_BF16,), pytorch_module=True),
-    Form("openvino-fp32", "finetune.export.openvino:make_openvino_fp32", _OPENVINO,
-         lossy=False, loaded_with=_OPENVINO_LOAD, needs=(OPENVINO,), base="onnx-fp32"),
-    Form("openvino-bf16", "finetune.export.openvino:make_openvino_bf16", _OPENVINO,
-         lossy=True, loaded_with=_OPENVINO_LOAD, needs=(NATIVE_BF16, OPENVINO), base="onnx-fp32"),
-    Form("openvino-int8", "finetune.export.openvino:make_openvino_int8", _OPENVINO,
-         lossy=True, loaded_with=_OPENVINO_LOAD, needs=(OPENVINO,), base="onnx-fp32"),
+         needs=(NATIVE_BF16,)),
+    Form("openvino-fp32", make_openvino_fp32, OpenVinoClassifier, lossy=False, loaded_with=_OPENVINO_LOAD,
+         needs=(OPENVINO,), base="onnx-fp32"),
+    Form("openvino-bf16", make_openvino_bf16, OpenVinoClassifier, lossy=True, loaded_with=_OPENVINO_LOAD,
+         needs=(NATIVE_BF16, OPENVINO), base="onnx-fp32"),
+    Form("openvino-int8", make_openvino_int8, OpenVinoClassifier, lossy=True, loaded_with=_OPENVINO_LOAD,
+         needs=(OPENVINO,), base="onnx-fp32"),
 )}
 
 
@@ -94,33 +96,73 @@ def register(form: Form) -> Form:
     return form
 
 
-def expected() -> str:
-    """The registered names as pydantic lists a Literal's: ``'onnx-fp32', 'onnx-int8', ... or 'openvino-int8'``."""
+def check_forms(forms: list[str]) -> None:
+    """Check ``export.forms`` against the registered names, as pydantic checks a Literal.
+
+    Raises:
+        ParamsError: one line per unknown item, ``params.yaml: export.forms.<i>: Input should be 'onnx-fp32', ...
+            or 'openvino-int8' (got 'onnx')``.
+    """
     names = [repr(name) for name in FORMS]
-    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
-
-
-def resolve(reference: str) -> Any:
-    """The object a ``"module:function"`` reference names, importing its module."""
-    module, _, name = reference.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def loader(name: str) -> Any:
-    """The loader of form ``name``: ``(folder) -> torch.nn.Module`` (``Form.load``)."""
-    return resolve(FORMS[name].load)
+    expected = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
+    unknown = [f"params.yaml: export.forms.{i}: Input should be {expected} (got {form!r})"
+               for i, form in enumerate(forms) if form not in FORMS]
+    if unknown:
+        raise ParamsError("\n".join(unknown))
 
 
 def unmet(name: str) -> tuple[Need, str] | None:
     """The first unmet need of form ``name`` or its bases, with why; None when all are met."""
     form = FORMS[name]
     for need in form.needs:
-        if why := resolve(need.check)():
+        if why := need.check():
             return need, why
     return unmet(form.base) if form.base is not None else None
 
 
-def referenced_modules() -> list[str]:
-    """The modules of the entries' makers, loaders and checks (code that imports don't reach)."""
-    refs = {ref for form in FORMS.values() for ref in (form.make, form.load, *(n.check for n in form.needs))}
-    return sorted({ref.partition(":")[0] for ref in refs})
+def _known(form: str) -> None:
+    if form != PYTORCH and form not in FORMS:
+        raise ExportError(f"unknown form {form!r}: one of {[PYTORCH, *FORMS]}")
+
+
+def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
+    """``model_dir`` for ``pytorch``, else ``exported_dir / form``, checked to exist without loading it.
+
+    Raises:
+        ExportError: a form the registry lacks, or a missing folder (the message says how to make it).
+    """
+    _known(form)
+    if form == PYTORCH:
+        return model_dir
+    if not exported_dir.is_dir():
+        raise ExportError(f"{exported_dir}: no such folder of exported forms; make it with dvc repro export (or "
+                          "dvc pull), or name another one (--exported)")
+    folder = exported_dir / form
+    if not folder.is_dir():
+        raise ExportError(f"{folder}: not found; add {form} to export.forms in params.yaml and run dvc repro export "
+                          "(torch-bf16 is skipped where the hardware has no bf16: metrics/export.json says why)")
+    return folder
+
+
+def open_form(folder: str | Path, form: str = PYTORCH, **options) -> Predictor:
+    """``Predictor.open`` of ``folder`` holding ``form`` (``pytorch``: a fine-tuned model, fp32) with its loader;
+    ``options`` are ``Predictor.open``'s.
+
+    Raises:
+        ExportError: an unknown form, or its runtime is not installed or its file is missing.
+        CheckpointError, ParamsError: as ``Predictor.open``.
+    """
+    _known(form)
+    return Predictor.open(folder, None if form == PYTORCH else FORMS[form].load, form=form, **options)
+
+
+def load_form(form: str, folder: Path) -> torch.nn.Module:
+    """The classifier of ``form`` in its ``folder``, in eval mode, without a Predictor (a reference server's own
+    loop).
+
+    Raises:
+        ExportError: an unknown form, or its runtime is not installed or its file is missing.
+        CheckpointError: a PyTorch folder lacks config, weights or tokenizer.
+    """
+    _known(form)
+    return (load_finetuned if form == PYTORCH else FORMS[form].load)(folder).eval()

@@ -12,8 +12,8 @@ import numpy as np
 from datasets import Dataset
 
 from finetune.errors import ExportError
-from finetune.export.registry import FORMS, PYTORCH
-from finetune.inference.predictor import Predictor
+from finetune.export.registry import FORMS
+from finetune.inference.predictor import PYTORCH, Predictor
 
 EXPORT_METRICS = Path("metrics/export.json")  # the export stage's, with fastest_at_parity
 

@@ -10,7 +10,7 @@ evaluation loop ("A full training", https://huggingface.co/learn/llm-course/chap
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +24,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from finetune.data.batches import length_order
 from finetune.data.tokenization import position_limit, token_lengths, truncation_length
 from finetune.errors import CheckpointError, PipelineError
-from finetune.export.registry import FORMS
-from finetune.inference.runtimes import PYTORCH, load_runtime
-from finetune.modeling import check_checkpoint
+from finetune.modeling import check_checkpoint, load_finetuned
 from finetune.runtime import set_cpu_threads
 from finetune.tasks import Task, predictions_of
 
@@ -34,6 +32,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
     from datasets import Dataset
 
+PYTORCH = "pytorch"  # the fine-tuned model as trained (fp32): the reference form, which ``Predictor.open`` opens
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")  # the tokenizer's outputs a classifier reads
 Example = tuple[str, ...]  # one row's texts, in the task's ``text_columns`` order
 
@@ -53,30 +52,33 @@ class Predictor:
         self.form, self.folder = form, folder
 
     @classmethod
-    def open(cls, folder: str | Path, form: str = PYTORCH, *, task: Task | None = None, max_length: int | None = None,
-             max_length_key: str = "max_length", num_threads: int | None = None, device: str = "cpu",
-             dtype: torch.dtype | None = None, accelerator: Accelerator | None = None) -> Predictor:
-        """Open the model folder ``folder`` holding ``form`` (``pytorch``: a fine-tuned model, else a form of the
-        export stage): its task (its task.json, unless ``task`` is given), tokenizer, truncation length and the form's
-        runtime, on ``num_threads`` CPU threads (None: this process's share of the CPUs). A PyTorch model goes to
-        ``accelerator`` (prepared: its device and mixed precision) or to ``device`` in ``dtype``; the other runtimes
-        run on the CPU.
+    def open(cls, folder: str | Path, load: Callable[[Path], torch.nn.Module] | None = None, *, form: str = PYTORCH,
+             task: Task | None = None, max_length: int | None = None, max_length_key: str = "max_length",
+             num_threads: int | None = None, device: str = "cpu", dtype: torch.dtype | None = None,
+             accelerator: Accelerator | None = None) -> Predictor:
+        """Open the model folder ``folder``: its task (its task.json, unless ``task`` is given), tokenizer, truncation
+        length and classifier, on ``num_threads`` CPU threads (None: this process's share of the CPUs). A classifier
+        with torch parameters goes to ``accelerator`` (prepared: its device and mixed precision) or to ``device`` in
+        ``dtype``; one without (a runtime's session) runs on the CPU.
 
         Args:
+            load: the classifier's loader, ``(folder) -> torch.nn.Module`` (a served form's, from the registry:
+                ``finetune.export.registry.open_form``); None: the fine-tuned PyTorch model (fp32).
+            form: the form's name, for errors and ``self.form``.
             max_length: truncation in tokens, at most the model's positions; None: the model's own length.
             max_length_key: where ``max_length`` came from, for the error (``--max-length``).
 
         Raises:
             CheckpointError: the folder is missing, or lacks task.json, config.json or the tokenizer, or its weights
                 can't be read (a damaged file); one line naming the folder.
-            ExportError: an unknown form, or its runtime is not installed.
+            ExportError: the form's runtime is not installed.
             ParamsError: ``max_length`` is above the model's positions.
         """
         folder = Path(folder)
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: model folder not found")
         task = task or Task.load(folder)
-        check_checkpoint(folder, need_weights=form == PYTORCH)
+        check_checkpoint(folder, need_weights=load is None)
         set_cpu_threads(num_threads)  # torch's, which the other runtimes take too
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -85,12 +87,12 @@ class Predictor:
             raise CheckpointError(f"{folder}: cannot load its config or tokenizer: {_first_line(err)}") from None
         max_length = truncation_length(tokenizer, max_length, limit, key=max_length_key)
         try:
-            model = load_runtime(form, folder)
+            model = (load or load_finetuned)(folder).eval()
         except PipelineError:
             raise
         except Exception as err:  # a damaged weights file: safetensors', torch's and the runtimes' own errors
             raise CheckpointError(f"{folder}: cannot load the {form} model: {_first_line(err)}") from None
-        if form == PYTORCH or FORMS[form].pytorch_module:
+        if next(model.parameters(), None) is not None:
             model = accelerator.prepare(model) if accelerator is not None else model.to(device, dtype=dtype)
         return cls(model, tokenizer, task, max_length, accelerator=accelerator, device=device, form=form,
                    folder=folder)

@@ -1,7 +1,7 @@
 """The runtime of each served form (models/exported/<form>/) behind one interface: ``model(**batch).logits``
-``[batch, num_labels]``, ``model.config``, ``model.eval()``. ``finetune.inference.Predictor`` opens a folder through
-``load_form``; the registry (finetune/export/registry.py) names each form's loader here. Each form folder also loads
-on its own:
+``[batch, num_labels]``, ``model.config``, ``model.eval()``. The registry (finetune/export/registry.py) names each
+form's loader here, and ``finetune.inference.Predictor.open`` opens a folder with it. Each form folder also loads on
+its own:
 
     tokenizer = AutoTokenizer.from_pretrained("models/exported/onnx-int8")
     session = onnxruntime.InferenceSession("models/exported/onnx-int8/model.onnx")
@@ -25,7 +25,6 @@ from transformers import AutoConfig, PreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from finetune.errors import ExportError
-from finetune.export.registry import FORMS, PYTORCH, loader
 from finetune.modeling import load_finetuned
 
 ONNX_FILE = "model.onnx"  # the ONNX forms' graph
@@ -45,7 +44,7 @@ class OnnxClassifier(torch.nn.Module):
     def __init__(self, folder: Path, num_threads: int | None = None):
         super().__init__()
         try:
-            import onnxruntime as ort
+            import onnxruntime as ort  # heavy, and only the ONNX forms need it
         except ImportError:
             raise ExportError("ONNX Runtime is not installed: bash .ci/setup (the lock has it), or "
                               "pip install onnxruntime") from None
@@ -75,7 +74,7 @@ class OpenVinoClassifier(torch.nn.Module):
     def __init__(self, folder: Path, num_threads: int | None = None):
         super().__init__()
         try:
-            import openvino as ov
+            import openvino as ov  # optional: the serve extra
         except ImportError:
             raise ExportError(f"OpenVINO is not installed: {SERVE_EXTRA}") from None
         if not (folder / OV_FILE).is_file():
@@ -99,38 +98,3 @@ def load_bf16(folder: Path) -> PreTrainedModel:
         CheckpointError: the folder lacks config, weights or tokenizer.
     """
     return load_finetuned(folder).to(torch.bfloat16)
-
-
-def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
-    """``model_dir`` for ``pytorch``, else ``exported_dir / form``, checked to exist without loading it.
-
-    Raises:
-        ExportError: a form the registry lacks, or a missing folder (the message says how to make it).
-    """
-    if form == PYTORCH:
-        return model_dir
-    if form not in FORMS:
-        raise ExportError(f"unknown form {form!r}: one of {[PYTORCH, *FORMS]}")
-    if not exported_dir.is_dir():
-        raise ExportError(f"{exported_dir}: no such folder of exported forms; make it with dvc repro export (or "
-                          "dvc pull), or name another one (--exported)")
-    folder = exported_dir / form
-    if not folder.is_dir():
-        raise ExportError(f"{folder}: not found; add {form} to export.forms in params.yaml and run dvc repro export "
-                          "(torch-bf16 is skipped where the hardware has no bf16: metrics/export.json says why)")
-    return folder
-
-
-def load_runtime(form: str, folder: Path) -> torch.nn.Module:
-    """The classifier of ``form`` in its ``folder`` (``pytorch``: a fine-tuned model, fp32) by its registry entry's
-    loader, in eval mode; an ONNX Runtime or OpenVINO form runs on as many CPU threads as torch.
-
-    Raises:
-        ExportError: an unknown form, or one whose runtime is not installed or whose file is missing.
-        CheckpointError: a PyTorch folder lacks config, weights or tokenizer.
-    """
-    if form == PYTORCH:
-        return load_finetuned(folder).eval()
-    if form not in FORMS:
-        raise ExportError(f"unknown form {form!r}: one of {[PYTORCH, *FORMS]}")
-    return loader(form)(folder).eval()
