@@ -100,10 +100,13 @@ class Predictor:
     def encode(self, examples: Sequence[Example]) -> dict[str, list[list[int]]]:
         """The token ids of ``examples`` as the tokenizer gives them for a pair or single text, truncated at
         ``max_length``, unpadded: ``{"input_ids": [[...], ...], "attention_mask": ..., ...}``, one list per example."""
-        if not examples:
-            return {"input_ids": []}
-        columns = [list(column) for column in zip(*examples)]
-        return dict(self.tokenizer(*columns, truncation=True, max_length=self.max_length))
+        return dict(self._tokenize(examples)) if examples else {"input_ids": []}
+
+    def _tokenize(self, examples: Sequence[Example], **padding: Any):
+        """The tokenizer's ``BatchEncoding`` of ``examples`` (one column of texts per text of a row), truncated at
+        ``max_length``; ``padding`` are the tokenizer's padding arguments."""
+        return self.tokenizer(*[list(column) for column in zip(*examples)], truncation=True,
+                              max_length=self.max_length, **padding)
 
     def logits(self, rows: Sequence[Example] | Dataset | dict[str, list], *, batch_size: int = 32,
                sort_by_length: bool = True, pad_to_multiple_of: int | None = None, fill_rows: bool = False,
@@ -159,9 +162,8 @@ class Predictor:
         """Logits ``[examples, num_labels]`` of examples that fit one batch, tokenized and padded by the tokenizer
         in one call: the same batch as ``encode`` and ``PreTrainedTokenizerBase.pad`` give, without the token ids'
         trip through Python lists."""
-        columns = [list(column) for column in zip(*examples)]
-        batch = self.tokenizer(*columns, truncation=True, max_length=self.max_length, padding=True,
-                               pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt").to(self.device)
+        batch = self._tokenize(examples, padding=True, pad_to_multiple_of=pad_to_multiple_of,
+                               return_tensors="pt").to(self.device)
         self.model.eval()
         with torch.no_grad():
             return self.model(**batch).logits.float().cpu()
