@@ -30,10 +30,10 @@ def project(max_steps: int | None, overrides: dict | None = None, checkpoint: st
         ParamsError: an override names an unknown key or gives a bad value.
         SourceError: ``checkpoint`` can't be found.
     """
+    from finetune.data.download import download_checkpoint
+    from finetune.data.tokenization import tokenize_splits
     from finetune.evaluate.predictions import evaluate_model
     from finetune.train.loop import train
-    from stages.download import download_checkpoint
-    from stages.tokenize import tokenize_splits
 
     changes = {section: dict(values) for section, values in (overrides or {}).items()}
     changes.setdefault("evaluate", {})["splits"] = ["validation"]
