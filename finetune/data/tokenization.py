@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, load_from_disk
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
@@ -112,8 +113,6 @@ def token_lengths(ds: Dataset) -> list[int]:
     """Tokens per example (special tokens included) of a tokenized split, in row order, read from the Arrow
     list offsets of ``input_ids`` (``pyarrow.compute.list_value_length``) without materialising the rows.
     """
-    import pyarrow.compute as pc
-
     return pc.list_value_length(ds.with_format("arrow")["input_ids"]).to_numpy().tolist()
 
 
