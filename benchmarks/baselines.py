@@ -8,20 +8,23 @@ from __future__ import annotations
 import tempfile
 import time
 
+import evaluate  # noqa: F401  (imported as the course does; the metric module is the project's local one)
 import torch
+from datasets import load_from_disk
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, get_scheduler
 
 from benchmarks.machine import sync
 from benchmarks.workspace import PRETRAINED_DIR, RAW_DIR
+from finetune.evaluate.evaluation import load_metric
+from finetune.tasks import glue_task
 
 # ---------------------------------------------------------------- the course's loop
 
 def course_dataloaders() -> tuple:
     """The course's data preparation, as written: data/raw tokenized as pairs, padded per batch, batch 8; the
     train loader shuffled. Returns ``(train_dataloader, eval_dataloader)`` (eval: the validation split)."""
-    from datasets import load_from_disk
-    from torch.utils.data import DataLoader
-    from transformers import AutoTokenizer, DataCollatorWithPadding
-
     raw_datasets = load_from_disk(str(RAW_DIR))
     tokenizer = AutoTokenizer.from_pretrained(PRETRAINED_DIR)
 
@@ -41,9 +44,6 @@ def course_dataloaders() -> tuple:
 def course_evaluate(model, eval_dataloader, device: torch.device) -> dict:
     """The course's evaluation loop: argmax predictions over ``eval_dataloader`` into the GLUE MRPC metric (the
     project's local metric module). Returns ``{"accuracy": ..., "f1": ...}``."""
-    from finetune.evaluate.evaluation import load_metric
-    from finetune.tasks import glue_task
-
     metric = load_metric(glue_task("mrpc"))
     model.eval()
     for batch in eval_dataloader:
@@ -60,10 +60,6 @@ def course_loop(max_steps: int | None) -> dict:
 
     Besides the common keys, returns ``real_tokens`` (attention-mask ones trained on) and ``padding_fraction``
     (the share of padded positions in the train batches)."""
-    import evaluate  # noqa: F401  (imported as the course does; the metric module is the project's local one)
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForSequenceClassification, get_scheduler
-
     start = time.perf_counter()
     train_dataloader, eval_dataloader = course_dataloaders()
 
@@ -106,17 +102,7 @@ def course_loop(max_steps: int | None) -> dict:
 
 def trainer(max_steps: int | None) -> dict:
     """transformers.Trainer with the course's settings: batch 8, lr 5e-5, linear, no warmup, 3 epochs, fp32."""
-    from datasets import load_from_disk
-    from transformers import (
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        DataCollatorWithPadding,
-        Trainer,
-        TrainingArguments,
-    )
-
-    from finetune.evaluate.evaluation import load_metric
-    from finetune.tasks import glue_task
+    from transformers import Trainer, TrainingArguments  # heavy, this way's own: the others' peak RSS stays their own
 
     start = time.perf_counter()
     raw = load_from_disk(str(RAW_DIR))

@@ -41,7 +41,13 @@ from pathlib import Path
 
 import litserve as ls
 import numpy as np
+import pandas as pd
+import torch
+import uvicorn
+from datasets import load_from_disk
+from fastapi import FastAPI
 from sklearn.metrics import accuracy_score, f1_score
+from transformers import AutoTokenizer, pipeline
 
 from finetune.export.registry import form_folder, load_form
 from finetune.export.speed import served_form
@@ -60,12 +66,8 @@ def mrpc_validation() -> tuple[list[tuple[str, str]], list[int]]:
     """MRPC validation pairs and labels: data/raw (``dvc repro download``), else the local copy's parquet file."""
     raw = Paths().raw
     if (raw / "dataset_dict.json").is_file():
-        from datasets import load_from_disk
-
         rows = load_from_disk(str(raw))["validation"].to_pandas()
     else:
-        import pandas as pd
-
         rows = pd.read_parquet(next(LOCAL_COPY.glob("validation-*.parquet")))
     return list(zip(rows["sentence1"], rows["sentence2"])), rows["label"].astype(int).tolist()
 
@@ -73,12 +75,6 @@ def mrpc_validation() -> tuple[list[tuple[str, str]], list[int]]:
 def baseline_server(model_dir: Path, port: int, device: str = "cpu") -> None:
     """The user's baseline: FastAPI calling ``pipeline("text-classification")`` (fp32, on ``device``) per request,
     served by uvicorn on ``port``; answers ``{"predictions": [{"label": ..., "score": ...}]}``."""
-    import uvicorn
-    from fastapi import FastAPI
-    from transformers import pipeline
-
-    import finetune.modeling  # noqa: F401  (registers a mean-pooled model's head)
-
     classify = pipeline("text-classification", model=str(model_dir), device=0 if device == "cuda" else -1)
     app = FastAPI()
 
@@ -97,8 +93,6 @@ def bare_server(form: str, folder: Path, port: int, max_batch_size: int, batch_t
                 device: str = "cpu") -> None:
     """The bare engine: LitServe over ``form`` in ``folder`` with the engine's batching and no checks (``BareAPI``),
     on ``port``; answers ``{"predictions": [{"label": ...}]}``."""
-    import litserve as ls
-
     api = BareAPI(form, folder, max_batch_size=max_batch_size, batch_timeout=batch_timeout)
     server = ls.LitServer(api, accelerator=device, devices=1, workers_per_device=1, timeout=60)
     server.run(host=HOST, port=port, log_level="warning", generate_client_file=False, access_log=False)
@@ -113,9 +107,6 @@ class BareAPI(ls.LitAPI):
         self.form, self.folder = form, folder
 
     def setup(self, device: str) -> None:
-        import torch
-        from transformers import AutoTokenizer
-
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
         self.model, self.device = load_form(self.form, self.folder).to(device), device
@@ -125,8 +116,6 @@ class BareAPI(ls.LitAPI):
         return request["inputs"]["text"], request["inputs"]["text_pair"]
 
     def predict(self, pairs: list[tuple[str, str]]) -> list[dict]:
-        import torch
-
         texts, text_pairs = zip(*pairs)
         batch = self.tokenizer(list(texts), list(text_pairs), padding=True, truncation=True, pad_to_multiple_of=16,
                                return_tensors="pt").to(self.device)
@@ -279,8 +268,6 @@ def report(rows, soak_row, statuses: dict, form: str, folder: Path, goals: dict,
     """benchmarks/SERVE-LOAD.md's text."""
     gpu = ""
     if device == "cuda":
-        import torch
-
         gpu = f" GPU: {torch.cuda.get_device_name()} (the three servers on it)."
     lines = ["# Load test of the HTTP server", "",
              f"`{command}`, {date.today()}, CPU: {cpu_model()} ({os.cpu_count()} cores; clients and servers on the "

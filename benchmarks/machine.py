@@ -8,7 +8,9 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from benchmarks.workspace import PRETRAINED_DIR
 from finetune.hardware import cpu_bf16_flags, cpu_model, resolve_mixed_precision
@@ -56,7 +58,7 @@ def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float
 def int8_gops(n: int = 2048, repeats: int = 10) -> float:
     """ONNX Runtime's ``MatMulInteger`` (uint8 x int8, int32 out) ``[n, n] @ [n, n]`` in GOP/s, best of
     ``repeats``: the int8 ceiling that dynamic quantization's matmuls run on."""
-    import numpy as np
+    # heavy: ONNX, for the serving benchmark only; the training ways import this module and report their peak RSS
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
@@ -92,8 +94,6 @@ def ceiling_line(ceiling: dict) -> str:
 def checkpoint_shape(folder: Path = PRETRAINED_DIR) -> dict:
     """Model type, layers, hidden size, parameters and non-embedding parameters (those outside any
     ``*embeddings*`` module: a lookup costs no FLOPs) of the classifier on a checkpoint folder's encoder."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
     config = AutoConfig.from_pretrained(folder)
     model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
     parameters = sum(p.numel() for p in model.parameters())

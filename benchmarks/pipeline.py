@@ -30,10 +30,11 @@ def project(max_steps: int | None, overrides: dict | None = None, checkpoint: st
         ParamsError: an override names an unknown key or gives a bad value.
         SourceError: ``checkpoint`` can't be found.
     """
+    # heavy, this way's own: the baselines' subprocesses load none of the pipeline, so their peak RSS is their own
+    from finetune.data.download import download_checkpoint
+    from finetune.data.tokenization import tokenize_splits
     from finetune.evaluate.predictions import evaluate_model
     from finetune.train.loop import train
-    from stages.download import download_checkpoint
-    from stages.tokenize import tokenize_splits
 
     changes = {section: dict(values) for section, values in (overrides or {}).items()}
     changes.setdefault("evaluate", {})["splits"] = ["validation"]

@@ -31,6 +31,10 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
+import pandas as pd
+from datasets import load_dataset
+from ruamel.yaml import YAML
+
 from finetune.hardware import cpu_model
 from finetune.params import load_params, with_overrides
 from finetune.runtime import markdown_table, write_json
@@ -47,9 +51,6 @@ ROW_STAGES = {"download": "train + validation + test", "tokenize": "train + vali
 def write_own_files(own: Path, repeat: int) -> None:
     """SST-2 from the local GLUE copy as own parquet files: train repeated ``repeat`` times, validation, and every
     10th train row as test; labels as class names."""
-    import pandas as pd
-    from datasets import load_dataset
-
     sst2 = load_dataset(str(GLUE), "sst2")
     names = sst2["train"].features["label"].names
     frames = {split: sst2[split].to_pandas()[["sentence", "label"]] for split in ("train", "validation")}
@@ -80,8 +81,6 @@ def make_project(root: Path, size: str, max_steps: int) -> None:
         splits = ["validation", "test"]
     params = with_overrides(load_params(REPO / "params.yaml"),
                             {"data": data, "train": train, "evaluate": {"splits": splits}}, "benchmark overrides")
-    from ruamel.yaml import YAML
-
     with (root / "params.yaml").open("w") as f:
         YAML().dump(json.loads(params.model_dump_json()), f)
     subprocess.run([dvc_bin(), "init", "--no-scm", "-q"], cwd=root, check=True)

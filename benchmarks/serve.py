@@ -37,14 +37,16 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import torch
-from datasets import load_from_disk
+from datasets import DatasetDict, load_from_disk
 from sklearn.metrics import accuracy_score, f1_score
 from transformers import AutoTokenizer, pipeline
 
 from benchmarks.machine import int8_gops, machine, matmul_gflops
 from benchmarks.workspace import check_workspace
 from finetune.data.sources import resolve_checkpoint
+from finetune.data.tokenization import tokenize
 from finetune.export.forms import make_forms
 from finetune.export.make import bf16_unsupported
 from finetune.export.registry import FORMS, NATIVE_BF16, form_folder, open_form, unmet
@@ -127,10 +129,6 @@ def export_base(checkpoint: str, folder: Path) -> Path:
     ``folder / "exported"``, made as the export stage makes them (OpenVINO int8 calibrated on MRPC train rows of
     data/raw, tokenized with the checkpoint's tokenizer). A fine-tuned folder keeps its head; a pretrained
     checkpoint gets a fresh MRPC head (seed 0)."""
-    from datasets import DatasetDict
-
-    from finetune.data.tokenization import tokenize
-
     torch.manual_seed(0)
     source, p, tuned = resolve_checkpoint(checkpoint).path, load_params().export, fine_tuned(checkpoint)
     if tuned:
@@ -245,8 +243,6 @@ def main() -> None:
     if problem := check_workspace():
         raise SystemExit(f"ERROR: python -m benchmarks.serve: {problem}")
     base_tuned = fine_tuned(args.base) if args.base else False  # refuses another task's model before any timing
-    import onnxruntime
-
     paths = Paths()
     raw = load_from_disk(str(paths.raw))["validation"]
     pairs, labels = list(zip(raw["sentence1"], raw["sentence2"])), np.array(raw["label"])

@@ -3,8 +3,10 @@ with params.yaml's data section, and its checkpoint in models/pretrained (`dvc r
 
 from __future__ import annotations
 
+from finetune.errors import ParamsError
 from finetune.params import load_params
 from finetune.paths import Paths
+from finetune.tasks import TASK_FILE, Task
 
 RAW_DIR, PRETRAINED_DIR = Paths().raw, Paths().pretrained
 
@@ -12,9 +14,6 @@ RAW_DIR, PRETRAINED_DIR = Paths().raw, Paths().pretrained
 def check_workspace() -> str | None:
     """Why this workspace can't be benchmarked, in one line, or None: every way trains and scores GLUE MRPC (the
     course's task), from data/raw and with params.yaml's data section, so both must be MRPC's."""
-    from finetune.errors import ParamsError
-    from finetune.tasks import TASK_FILE, Task
-
     try:
         data = load_params().data
     except ParamsError as err:

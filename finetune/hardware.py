@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 
 def cpu_info() -> dict:
     """The first processor's fields of ``/proc/cpuinfo`` (``vendor_id``, ``model name``, ``cpu family``, ``model``,
@@ -38,8 +40,6 @@ def resolve_mixed_precision(choice: str) -> str:
     AVX512-BF16 or AMX-BF16, 'fp16' on another GPU, else 'no'; any other choice as is."""
     if choice != "auto":
         return choice
-    import torch
-
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "bf16" if cpu_bf16_flags() else "no"
@@ -48,8 +48,6 @@ def resolve_mixed_precision(choice: str) -> str:
 def describe_device(device) -> str:
     """``cuda: <GPU name>``, or ``cpu: <model name>, <threads> threads, <bf16 instructions>`` (e.g. ``cpu: AMD
     EPYC, 2 threads, avx512_bf16``)."""
-    import torch
-
     if getattr(device, "type", str(device)) == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
     bf16 = " ".join(cpu_bf16_flags()) or "no bf16 instructions"
@@ -70,8 +68,6 @@ def matmul_isa(mixed_precision: str, flags: set[str], capability: str | None = N
             ``torch.backends.cpu.get_cpu_capability()``.
     """
     if capability is None:
-        import torch
-
         capability = torch.backends.cpu.get_cpu_capability()
     onednn = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
     if mixed_precision in ("bf16", "fp16"):
@@ -96,8 +92,6 @@ def numerics(device, mixed_precision: str) -> dict:
         ``{"processor": "cuda", "gpu": <name>, "compute_capability": "9.0", "precision", "tf32_matmul": bool,
         "torch"}``.
     """
-    import torch
-
     if getattr(device, "type", str(device)) == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return {"processor": "cuda", "gpu": torch.cuda.get_device_name(device),

@@ -10,6 +10,7 @@ import inspect
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.configuration_utils import SubConfigSpec
@@ -236,8 +237,6 @@ def _check_readable(folder: Path) -> None:
     Raises:
         CheckpointError: naming the file and the reader's error, and what to do.
     """
-    from safetensors import SafetensorError, safe_open
-
     again = "the checkpoint is damaged: save or copy it again"
     try:
         AutoConfig.from_pretrained(folder)

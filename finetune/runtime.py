@@ -9,12 +9,14 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,7 @@ def _raise_system_exit(signum, frame):
 def set_cpu_threads(num_threads: int | None) -> int:
     """Set and return torch's intra-op CPU threads: ``num_threads``, or when None the CPUs this process may run on
     divided among this machine's processes (``LOCAL_WORLD_SIZE``), in place of ``accelerate launch``'s 1."""
-    import torch
+    import torch  # heavy: every stage imports this module before the hand-over to accelerate launch
 
     if num_threads is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -76,8 +78,7 @@ def make_accelerator(ddp_timeout: int | None = None, **kwargs):
     ``ddp_timeout``: seconds a collective waits for the other processes before it raises (torch.distributed's
     ``timeout``), so a lost process or machine fails the stage instead of hanging it.
     """
-    from datetime import timedelta
-
+    # heavy: every stage imports this module before the hand-over to accelerate launch
     import torch
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
@@ -89,8 +90,6 @@ def make_accelerator(ddp_timeout: int | None = None, **kwargs):
 
 def peak_memory_mb() -> float:
     """Peak resident set size of this process so far, in MiB (Linux ``ru_maxrss`` is in KiB)."""
-    import resource
-
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
@@ -172,7 +171,7 @@ def markdown_table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:
     Raises:
         ValueError: a row has another number of cells than the header.
     """
-    import pandas as pd
+    import pandas as pd  # heavy: every stage imports this module; only reports make tables
 
     cells = [[str(cell) for cell in row] for row in rows]
     return pd.DataFrame(cells, columns=header).to_markdown(index=False, disable_numparse=True) + "\n"

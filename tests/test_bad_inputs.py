@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from transformers import BertConfig, BertForSequenceClassification
 
+from finetune.data.download import download_checkpoint, download_dataset
 from finetune.errors import CheckpointError, DataError, ParamsError, SourceError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task
-from stages.download import download_checkpoint, download_dataset
 from tests.helpers import make_split, own_frame, tiny_params, write_hub_folder
 
 

@@ -6,10 +6,10 @@ from datasets import load_from_disk
 from transformers import DataCollatorWithPadding
 
 from finetune.data.batches import eval_dataloader, make_collator, train_dataloader
+from finetune.data.collate_check import check_batch, check_forward, check_split
 from finetune.errors import CollateError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task, own_task
-from stages.collate_check import check_batch, check_forward, check_split
 
 MRPC = glue_task("mrpc")
 
@@ -99,7 +99,7 @@ def test_an_unlabeled_batch_has_no_labels_key(tokenized, tokenizer):
 
 
 def test_a_big_split_is_checked_in_a_bounded_sample_and_described_whole(tokenized, tokenizer, monkeypatch):
-    from stages import collate_check
+    from finetune.data import collate_check
 
     monkeypatch.setattr(collate_check, "MAX_CHECKED_BATCHES", 8)
     checked = collate_check.batches_to_check(100, seed=3)

@@ -16,13 +16,13 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
 from finetune.data.batches import make_collator
+from finetune.data.collate_check import check_all
+from finetune.data.download import download_checkpoint
 from finetune.errors import CheckpointError
 from finetune.evaluate.predictions import evaluate_model
 from finetune.modeling import MeanPooledForSequenceClassification, encoder_class, load_classifier
 from finetune.tasks import glue_task
 from finetune.train.loop import train
-from stages.collate_check import check_all
-from stages.download import download_checkpoint
 from tests.helpers import FAMILIES, make_family_checkpoint, make_project, make_raw, reset_accelerate, tiny_params
 from tools.predict import predict
 

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, pipeline
 
+from finetune.data.download import download_checkpoint
 from finetune.evaluate.predictions import evaluate_model
 from finetune.modeling import MeanPooledForSequenceClassification, load_classifier
 from finetune.tasks import glue_task
 from finetune.train.loop import train
-from stages.download import download_checkpoint
 from tests.helpers import make_project, reset_accelerate, tiny_params
 from tools.predict import predict
 

@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 
 from finetune.data.loading import FILE_FORMATS, WRITE_FORMATS, load_files
+from finetune.data.tokenization import tokenize_splits
 from finetune.errors import ParamsError
 from finetune.params import Params
 from finetune.runtime import run_stage
-from stages.tokenize import tokenize_splits
 from tests.helpers import tiny_params
 from tools.predict import main, predict
 

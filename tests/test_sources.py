@@ -66,7 +66,7 @@ def test_dataset_with_no_source_names_both(hub_down, tmp_path):
 
 
 def test_download_stage_writes_raw_data_and_provenance(hub_layout_dataset, tiny_checkpoint, tmp_path):
-    from stages.download import download_checkpoint, download_dataset
+    from finetune.data.download import download_checkpoint, download_dataset
     from tests.helpers import tiny_params
 
     p = tiny_params(data={"dataset": str(hub_layout_dataset), "local_copy": None, "max_samples": 10}).data

@@ -8,10 +8,10 @@ from datasets import load_from_disk
 from safetensors.torch import load_file
 
 from finetune.data.batches import make_collator, train_dataloader
+from finetune.data.collate_check import check_split
 from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import glue_task
 from finetune.train.loop import train
-from stages.collate_check import check_split
 from tests.helpers import reset_accelerate, tiny_params
 
 MRPC = glue_task("mrpc")

@@ -11,13 +11,13 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 from transformers import AutoModelForSequenceClassification, pipeline
 
+from finetune.data.download import download_dataset
+from finetune.data.tokenization import tokenize_splits
 from finetune.errors import ParamsError
 from finetune.evaluate.evaluation import load_metric
 from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import GLUE_TASKS, glue_task, own_task
 from finetune.train.loop import train
-from stages.download import download_dataset
-from stages.tokenize import tokenize_splits
 from tests.helpers import make_split, own_frame, reset_accelerate, tiny_params, write_hub_folder, write_own_file
 from tools.predict import predict
 

@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from finetune.data.checks import clean_texts
 from finetune.data.loading import WRITE_FORMATS, check_writable, load_files, write_table
@@ -81,8 +82,6 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
 
 def _device() -> str:
     """Where a PyTorch form runs: the GPU where torch sees one, else the CPU (other runtimes run on the CPU)."""
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -30,7 +30,11 @@ from pathlib import Path
 from typing import Annotated, ClassVar
 
 import litserve as ls
+import torch
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
+from starlette.exceptions import HTTPException
 
 from finetune.errors import ExportError, PipelineError
 from finetune.export.registry import FORMS, form_folder, open_form
@@ -104,8 +108,6 @@ class FormAPI(ls.LitAPI):
         self.pad_multiple, self.fill_rows = pad_multiple, fill_rows
 
     def setup(self, device: str) -> None:
-        import torch
-
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
         log.setLevel(self.log_level.upper())
         outlive_sigterm()
@@ -257,14 +259,8 @@ def serve(args: argparse.Namespace) -> None:
         PipelineError: ``--device cuda`` for a form other than ``pytorch``, or torch sees no CUDA GPU; the port can't
             be listened on.
     """
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException
-
     form = args.form or served_form()
     if args.device == "cuda":
-        import torch
-
         if form != PYTORCH:
             raise PipelineError(f"--device cuda: serves the {PYTORCH} form only (the exported forms are CPU "
                                 f"runtimes); add --form {PYTORCH}")

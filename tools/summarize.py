@@ -16,7 +16,9 @@ import logging
 import math
 from pathlib import Path
 
+import dvc.api
 import pandas as pd
+from dvc.scm import RevError
 
 from finetune.runtime import markdown_table, unwritable, write_json, write_text
 from tools.cli import positive_int
@@ -46,9 +48,6 @@ def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None 
     Raises:
         SystemExit: no experiment matches, or a revision of ``revs`` is unknown.
     """
-    import dvc.api
-    from dvc.scm import RevError
-
     try:
         shown = dvc.api.exp_show(revs=["HEAD", *revs] if revs else None, num=num)
     except RevError as err:

@@ -99,9 +99,10 @@ def write_plots(study: optuna.Study, out: Path) -> None:
     """history.png (every trial's objective and the best so far) and, from ``MIN_TRIALS_FOR_IMPORTANCES`` complete
     trials on, importances.png (fANOVA importances; from fewer they are noise); a plot Optuna cannot draw is logged
     and skipped."""
-    import matplotlib
+    import matplotlib  # heavy: loads only when a report is written, not in every trial
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display: before pyplot loads
+    # heavy: matplotlib's pyplot, under the Agg backend chosen above
     import matplotlib.pyplot as plt
     from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
 

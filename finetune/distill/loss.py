@@ -43,6 +43,7 @@ def distillation_loss(student: torch.Tensor, labels: torch.Tensor, teacher: torc
         ``(loss, hard, soft)`` scalars: the mean row loss, the labelled rows' mean hard loss (NaN without any) and
         the mean soft loss.
     """
+    # heavy: the teacher stage imports this module for data/teacher's file names, and its off path loads no torch
     import torch
     import torch.nn.functional as F
 
@@ -84,7 +85,7 @@ class Distillation:
 
     def loss(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``distillation_loss`` of ``model`` on a ``batch`` holding ``teacher_logits`` (the model gets no labels)."""
-        from finetune.data.batches import TEACHER_LOGITS
+        from finetune.data.batches import TEACHER_LOGITS  # heavy: torch (see distillation_loss)
 
         logits = model(**{k: v for k, v in batch.items() if k not in ("labels", TEACHER_LOGITS, TRANSFER)}).logits
         return distillation_loss(logits, batch["labels"], batch[TEACHER_LOGITS], batch.get(TRANSFER), self.alpha,
@@ -101,7 +102,7 @@ def load_teacher(p: DistillParams, folder: Path, task: Task, train: Dataset) -> 
     """
     if p.teacher is None:
         return None
-    import pandas as pd
+    import pandas as pd  # heavy: about 0.5 s, which the teacher stage's off path does not pay
 
     file, rerun = folder / TEACHER_FILE, f"(distill.teacher: {p.teacher!r}); rerun `dvc repro teacher`"
     identity = json.loads(file.read_text()) if file.is_file() else {}
@@ -132,6 +133,7 @@ def with_teacher_logits(train: Dataset, teacher: Teacher, tokenizer: PreTrainedT
                         max_length: int | None, task: Task) -> Dataset:
     """``train`` with a ``teacher_logits`` column (``[num_labels]`` a row), then the transfer pairs tokenized as
     the tokenize stage does, with no label (-100; NaN for regression) and ``TRANSFER`` 1."""
+    # heavy: datasets and transformers (see distillation_loss)
     from datasets import Dataset, DatasetDict, Value, concatenate_datasets
 
     from finetune.data.batches import TEACHER_LOGITS

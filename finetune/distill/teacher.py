@@ -17,7 +17,7 @@ from finetune.distill.loss import LOGITS_FILE, TEACHER_FILE, TRANSFER_FILE, TRAN
 from finetune.errors import DataError, TeacherError
 from finetune.params import Params
 from finetune.paths import Paths
-from finetune.runtime import atomic_dir, sha256_file, write_json
+from finetune.runtime import atomic_dir, make_accelerator, sha256_file, write_json
 from finetune.tasks import Task
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def describe_teacher(folder: Path, teacher: str, task: Task) -> dict:
         CheckpointError: the folder lacks config, weights or tokenizer.
         TeacherError: another task type than the task's, or other class names or id order.
     """
-    from finetune.modeling import check_checkpoint
+    from finetune.modeling import check_checkpoint  # heavy: torch; distill.teacher null loads none
 
     check_checkpoint(folder)
     config = json.loads((folder / "config.json").read_text())
@@ -71,6 +71,7 @@ def teacher_logits(params: Params, paths: Paths) -> Teacher:
         CheckpointError, TeacherError: see ``describe_teacher``.
         DataError: data/raw and data/tokenized hold different train row counts; the transfer set can't be made.
     """
+    # heavy: with distill.teacher null the teacher stage loads no torch, datasets or transformers
     from datasets import Dataset, load_from_disk
 
     from finetune.distill.transfer import make_transfer_set
@@ -101,12 +102,12 @@ def score_rows(params: Params, folder: Path, task: Task, sets: dict[str, Dataset
         ``(logits, run)``: per set float32 ``[rows, num_labels]`` in row order; the run's ``max_length``,
         ``mixed_precision`` and ``device``.
     """
+    # heavy: with distill.teacher null the teacher stage loads no torch, datasets or transformers
     from datasets import DatasetDict
 
     from finetune.data.tokenization import tokenize
     from finetune.hardware import describe_device, resolve_mixed_precision
     from finetune.inference.predictor import Predictor
-    from finetune.runtime import make_accelerator
 
     mixed_precision = resolve_mixed_precision(params.train.mixed_precision)
     accelerator = make_accelerator(mixed_precision=mixed_precision)

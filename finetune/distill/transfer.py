@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.neighbors import NearestNeighbors
 
+from finetune.data.loading import load_files
 from finetune.errors import DataError, ParamsError
 from finetune.params import TransferParams
 from finetune.tasks import Task
@@ -38,9 +41,6 @@ def neighbour_pairs(train: Dataset, text_columns: tuple[str, str], symmetric: bo
     Raises:
         DataError: the split has fewer than two distinct texts to pair.
     """
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.neighbors import NearestNeighbors
-
     first, second = (list(train[column]) for column in text_columns)
     queries = [t for t in dict.fromkeys(first + second if symmetric else first) if t not in held_out]
     candidates = queries if symmetric else [t for t in dict.fromkeys(second) if t not in held_out]
@@ -79,8 +79,6 @@ def file_pairs(files: list[str], train: Dataset, text_columns: tuple[str, ...],
     Raises:
         DataError: a file is missing or unreadable, or lacks a text column; naming the file.
     """
-    from finetune.data.loading import load_files
-
     frames = []
     for file in files:
         frame = load_files({"transfer": file})["transfer"].to_pandas()

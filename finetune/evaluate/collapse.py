@@ -29,6 +29,7 @@ def constant_baseline(task: Task, metric: evaluate.EvaluationModule, train_label
     (``[examples]``, any order): classification ``{"class": <train's majority class name>, "share": <its share of
     gold>, <the task's metrics>}``; regression ``{"mean": <train's mean score>, <the task's metrics>}``; values rounded
     to 4 decimals."""
+    # heavy: the card stage imports this module; evaluation loads evaluate and torch
     from finetune.evaluate.evaluation import score
 
     train_labels, gold = np.asarray(train_labels), np.asarray(gold)
