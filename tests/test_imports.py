@@ -58,15 +58,20 @@ def test_every_module_has_a_layer():
 
 
 def function_imports(path: Path) -> list[tuple[int, str, str]]:
-    """``(line, the import, the comment beside or above it)`` for every import inside a function of ``path``."""
+    """``(line, the import, its reason)`` for every import inside a function of ``path``: the comment beside it, or
+    the comment line above it or above the block of imports it is in."""
     text = path.read_text()
     lines, found = text.splitlines(), set()
     for function in ast.walk(ast.parse(text, filename=str(path))):
         if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
             for node in ast.walk(function):
                 if isinstance(node, ast.Import | ast.ImportFrom):
-                    line, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
-                    reason = line.partition("#")[2].strip() or above.removeprefix("#").strip() * above.startswith("#")
+                    line, above = lines[node.lineno - 1], node.lineno - 2
+                    while above >= 0 and lines[above].strip().startswith(("import ", "from ")):
+                        above -= 1  # a comment above a block of imports covers the block
+                    comment = lines[above].strip() if above >= 0 else ""
+                    beside = line.partition("#")[2].strip()
+                    reason = beside or comment.removeprefix("#").strip() * comment.startswith("#")
                     found.add((node.lineno, line.strip(), reason))
     return sorted(found)
 
@@ -80,7 +85,7 @@ def test_a_function_level_import_says_why(package):
 
 def test_an_unexplained_function_level_import_is_found(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    import json\n\n\ndef g():\n    # optional: only g needs it\n    import csv\n\n\n"
-                      "def h():\n    import os  # heavy\n")
-    assert [(line, bool(reason)) for line, _, reason in function_imports(module)] == [(2, False), (7, True),
-                                                                                       (11, True)]
+    module.write_text("def f():\n    import json\n\n\ndef g():\n    # optional: only g needs it\n    import csv\n"
+                      "    import os\n\n    import re\n\n\ndef h():\n    import os  # heavy\n")
+    assert [(line, bool(reason)) for line, _, reason in function_imports(module)] == [
+        (2, False), (7, True), (8, True), (10, False), (14, True)]
