@@ -31,7 +31,7 @@ def project(max_steps: int | None, overrides: dict | None = None, checkpoint: st
         SourceError: ``checkpoint`` can't be found.
     """
     from finetune.evaluate.predictions import evaluate_model
-    from finetune.train.loop import train
+    from finetune.train.recipe import train
     from stages.download import download_checkpoint
     from stages.tokenize import tokenize_splits
 

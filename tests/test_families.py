@@ -20,7 +20,7 @@ from finetune.errors import CheckpointError
 from finetune.evaluate.predictions import evaluate_model
 from finetune.modeling import MeanPooledForSequenceClassification, encoder_class, load_classifier
 from finetune.tasks import glue_task
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from stages.collate_check import check_all
 from stages.download import download_checkpoint
 from tests.helpers import FAMILIES, make_family_checkpoint, make_project, make_raw, reset_accelerate, tiny_params

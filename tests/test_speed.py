@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from finetune.data.batches import make_collator, train_dataloader
 from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import glue_task
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from stages.collate_check import check_split
 from tests.helpers import reset_accelerate, tiny_params
 

@@ -10,12 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import finetune.train.loop as training
+import finetune.train.recipe as training
 from finetune.errors import ParamsError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task
-from finetune.train.loop import EarlyStopping, train
-from finetune.train.run import Schedule, make_optimizer, make_scheduler
+from finetune.train.early_stopping import EarlyStopping
+from finetune.train.optimization import Schedule, make_optimizer, make_scheduler
+from finetune.train.recipe import train
 from tests.helpers import make_checkpoint, make_project, reset_accelerate, tiny_params
 
 
