@@ -147,12 +147,13 @@ class FineTuneRecipe:
         self.parameters = sum(t.numel() for t in model.parameters())
         train_dl = train_dataloader(train_rows, make_collator(self.tokenizer), p.batch_size, p.seed, p.group_by_length)
         self.batch_order = train_dl.generator
-        optimizer = make_optimizer(model, p)
+        optimizer = make_optimizer(model, p.lr, p.weight_decay, p.adamw_impl)
         if p.torch_compile:
             model = torch.compile(model)
         self.model, self.optimizer, self.train_dl = self.accelerator.prepare(model, optimizer, train_dl)
-        self.schedule = Schedule.of(p, len(self.train_dl))
-        self.scheduler = make_scheduler(self.optimizer, p, self.schedule)
+        self.schedule = Schedule.of(len(self.train_dl), p.gradient_accumulation_steps, p.epochs, p.max_steps,
+                                    p.warmup_steps, p.warmup_ratio)
+        self.scheduler = make_scheduler(self.optimizer, p.scheduler, p.scheduler_kwargs, self.schedule, p.lr)
         self.accelerator.register_for_checkpointing(self.scheduler)
 
     def log_setup(self, threads: int) -> None:
