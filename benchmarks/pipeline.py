@@ -34,7 +34,7 @@ def project(max_steps: int | None, overrides: dict | None = None, checkpoint: st
     from finetune.data.download import download_checkpoint
     from finetune.data.tokenization import tokenize_splits
     from finetune.evaluate.predictions import evaluate_model
-    from finetune.train.loop import train
+    from finetune.train.recipe import train
 
     changes = {section: dict(values) for section, values in (overrides or {}).items()}
     changes.setdefault("evaluate", {})["splits"] = ["validation"]

@@ -1,4 +1,4 @@
-"""Stage train: fine-tune the pretrained checkpoint (``finetune.train.loop.train``) in this process, or handed over
+"""Stage train: fine-tune the pretrained checkpoint (``finetune.train.recipe.train``) in this process, or handed over
 to ``accelerate launch`` when ``train.accelerate_config`` asks for more; writes models/trained, models/checkpoints,
 metrics/train.json and dvclive/train.
 """
@@ -21,7 +21,7 @@ def main() -> None:
     # Imported after the hand-over: a process that only starts `accelerate launch` never loads torch.
     from accelerate import PartialState
 
-    from finetune.train.loop import train
+    from finetune.train.recipe import train
 
     metrics = train(params, paths)
     if PartialState().is_main_process:

@@ -95,7 +95,7 @@ def tiny_tokenized(tiny_raw, tokenizer, tmp_path_factory):
 def tiny_finetuned(tiny_raw, tiny_checkpoint, tmp_path_factory) -> Path:
     """A tiny MRPC model fine-tuned for 2 steps (models/trained: weights, tokenizer, task.json); read it, don't
     change it."""
-    from finetune.train.loop import train
+    from finetune.train.recipe import train
     from tests.helpers import make_project
 
     params = tiny_params(train={"max_steps": 2})

@@ -371,7 +371,7 @@ def interrupt_and_resume(params: Params, paths: Paths, monkeypatch, step: int = 
     """Train in this process, interrupted (KeyboardInterrupt) when optimizer step ``step`` is logged, check that
     nothing looks finished, call ``between`` (if any), then train again (a resume); returns the second run's
     metrics."""
-    from finetune.train import loop as training
+    from finetune.train import recipe as training
 
     log_step = training.TrainLog.log_step
 

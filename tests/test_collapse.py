@@ -13,9 +13,8 @@ from finetune.evaluate.collapse import collapse_check, constant_baseline, end_of
 from finetune.evaluate.evaluation import load_metric, score
 from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import glue_task, own_task
-from finetune.train import loop as training
-from finetune.train import run as run_module
-from finetune.train.loop import train
+from finetune.train import recipe as training
+from finetune.train.recipe import train
 from tests.helpers import force_one_class, save_collapsed_model, tiny_params
 
 MRPC, RTE = glue_task("mrpc"), glue_task("rte")
@@ -126,8 +125,8 @@ def collapse_records(caplog) -> list[tuple[str, str]]:
 
 def test_training_a_model_forced_to_one_class_notes_every_epoch_and_warns_once(tiny_project, tiny_raw, monkeypatch,
                                                                               caplog):
-    load_classifier = run_module.load_classifier
-    monkeypatch.setattr(run_module, "load_classifier", lambda *args: force_one_class(load_classifier(*args), 0))
+    load_classifier = training.load_classifier
+    monkeypatch.setattr(training, "load_classifier", lambda *args: force_one_class(load_classifier(*args), 0))
     with caplog.at_level(logging.INFO, logger="finetune.evaluate.collapse"):
         metrics = train(tiny_params(), tiny_project())
     records = collapse_records(caplog)

@@ -36,7 +36,7 @@ from finetune.modeling import load_classifier, load_finetuned
 from finetune.params import TransferParams, with_overrides
 from finetune.paths import Paths
 from finetune.tasks import glue_task, own_task
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from tests.helpers import (
     REPO,
     interrupt_and_resume,

@@ -48,17 +48,17 @@ def test_a_missing_import_or_metric_module_is_caught():
     broken["stages"]["download"]["deps"].remove("finetune/data/sources.py")
     broken["stages"]["train"]["deps"] = [d for d in broken["stages"]["train"]["deps"]
                                          if d != "finetune/evaluate/glue_metric.py"]
-    broken["stages"]["tokenize"]["deps"].append("finetune/train/loop.py")
+    broken["stages"]["tokenize"]["deps"].append("finetune/train/recipe.py")
     assert code_deps_drift(broken) == {
         "download": {"missing": ["finetune/data/sources.py"], "extra": []},
         "train": {"missing": ["finetune/evaluate/glue_metric.py"], "extra": []},
-        "tokenize": {"missing": [], "extra": ["finetune/train/loop.py"]},
+        "tokenize": {"missing": [], "extra": ["finetune/train/recipe.py"]},
     }
 
 
 def test_imports_inside_functions_are_followed():
     # benchmarks.pipeline imports the stages' library code inside a function; it counts as code it runs.
-    assert {"finetune/data/download.py", "finetune/evaluate/predictions.py", "finetune/train/loop.py"} <= set(
+    assert {"finetune/data/download.py", "finetune/evaluate/predictions.py", "finetune/train/recipe.py"} <= set(
         project_files("benchmarks.benchmark"))
 
 

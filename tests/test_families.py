@@ -22,7 +22,7 @@ from finetune.errors import CheckpointError
 from finetune.evaluate.predictions import evaluate_model
 from finetune.modeling import MeanPooledForSequenceClassification, encoder_class, load_classifier
 from finetune.tasks import glue_task
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from tests.helpers import FAMILIES, make_family_checkpoint, make_project, make_raw, reset_accelerate, tiny_params
 from tools.predict import predict
 

@@ -16,7 +16,7 @@ from finetune.data.download import download_checkpoint
 from finetune.evaluate.predictions import evaluate_model
 from finetune.modeling import MeanPooledForSequenceClassification, load_classifier
 from finetune.tasks import glue_task
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from tests.helpers import make_project, reset_accelerate, tiny_params
 from tools.predict import predict
 

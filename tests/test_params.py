@@ -273,6 +273,6 @@ def test_the_schedulers_are_those_transformers_steps_without_a_metric():
     from transformers import SchedulerType
 
     from finetune.params import SCHEDULERS
-    from finetune.train.run import METRIC_SCHEDULERS
+    from finetune.train.optimization import METRIC_SCHEDULERS
 
     assert get_args(SCHEDULERS) == tuple(s.value for s in SchedulerType if s not in METRIC_SCHEDULERS)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from finetune.params import with_overrides
 from finetune.paths import Paths
 from finetune.runtime import write_json
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from tests.helpers import (
     REPO,
     interrupt_and_resume,

@@ -11,7 +11,7 @@ from finetune.data.batches import make_collator, train_dataloader
 from finetune.data.collate_check import check_split
 from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import glue_task
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from tests.helpers import reset_accelerate, tiny_params
 
 MRPC = glue_task("mrpc")

@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 from finetune.card import training_table
 from finetune.errors import CheckpointError
-from finetune.train import loop as training
-from finetune.train.loop import train
+from finetune.train import recipe as training
+from finetune.train.recipe import train
 from tests.helpers import interrupt_and_resume, reset_accelerate, squeeze, tiny_params
 
 TIMING_KEYS = {"train_seconds", "samples_per_second", "wall_seconds", "peak_memory_mb", "resumed_from_step"}

@@ -17,7 +17,7 @@ from finetune.errors import ParamsError
 from finetune.evaluate.evaluation import load_metric
 from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import GLUE_TASKS, glue_task, own_task
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from tests.helpers import make_split, own_frame, reset_accelerate, tiny_params, write_hub_folder, write_own_file
 from tools.predict import predict
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForSequenceClassification, pipeline
 from finetune.evaluate.evaluation import load_metric
 from finetune.evaluate.predictions import evaluate_model
 from finetune.tasks import glue_task
-from finetune.train.loop import train
+from finetune.train.recipe import train
 from tests.helpers import make_project, reset_accelerate, tiny_params
 
 MRPC = glue_task("mrpc")

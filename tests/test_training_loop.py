@@ -10,12 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import finetune.train.loop as training
+import finetune.train.recipe as training
 from finetune.errors import ParamsError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task
-from finetune.train.loop import EarlyStopping, train
-from finetune.train.run import Schedule, make_optimizer, make_scheduler
+from finetune.train.early_stopping import EarlyStopping
+from finetune.train.optimization import Schedule, make_optimizer, make_scheduler
+from finetune.train.recipe import train
 from tests.helpers import make_checkpoint, make_project, reset_accelerate, tiny_params
 
 
@@ -45,7 +46,7 @@ def test_accumulating_4_batches_of_2_equals_batches_of_8(no_dropout_checkpoint, 
 
 def test_no_weight_decay_on_biases_and_layernorm(tiny_checkpoint):
     model = load_classifier(tiny_checkpoint, glue_task("mrpc"))
-    decay, no_decay = make_optimizer(model, tiny_params(train={"weight_decay": 0.1}).train).param_groups
+    decay, no_decay = make_optimizer(model, 1e-3, 0.1).param_groups
     names = {id(t): n for n, t in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(not names[id(t)].endswith("bias") and "LayerNorm" not in names[id(t)] for t in decay["params"])
@@ -80,7 +81,8 @@ def _lrs(scheduler: str, kwargs: dict, total: int = 10, warmup: int = 0) -> list
     """The learning rates (peak 1.0) of ``scheduler`` with ``kwargs`` over ``total`` steps, as the loop steps it."""
     p = tiny_params(train={"scheduler": scheduler, "scheduler_kwargs": kwargs, "lr": 0.5}).train
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    s = make_scheduler(optimizer, p, Schedule(steps_per_epoch=total, total_steps=total, epochs=1, warmup_steps=warmup))
+    schedule = Schedule(steps_per_epoch=total, total_steps=total, epochs=1, warmup_steps=warmup)
+    s = make_scheduler(optimizer, p.scheduler, p.scheduler_kwargs, schedule, p.lr)
     lrs = []
     for _ in range(total):
         optimizer.step()

@@ -26,8 +26,8 @@ from datasets import Dataset
 
 from finetune.errors import ParamsError
 from finetune.params import validate_params
-from finetune.train import loop as training
-from finetune.train.loop import train
+from finetune.train import recipe as training
+from finetune.train.recipe import train
 from finetune.train.trial import open_storage, trial_env
 from tests.helpers import (
     FEATURES,

@@ -1,3 +1,3 @@
-"""The training phase: the loop (loop), what a run is built from: model, loaders, optimizer and schedule (run),
-resuming (resume), per-epoch metrics and early stopping (metrics), DVCLive logs (live) and the search's trial hook
-(trial)."""
+"""The training phase: the run as one object (recipe: ``FineTuneRecipe`` and ``train``), the optimizer and the
+learning-rate schedule (optimization), resuming and checkpoints (resume), early stopping (early_stopping), the DVCLive
+logs (live) and the search's trial hook (trial)."""

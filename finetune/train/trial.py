@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,7 @@ def open_storage(url: str, heartbeat_seconds: int | None = None, grace_seconds: 
         grace_seconds: a trial whose worker was silent this many seconds is failed and retried once
             (``RetryHeartbeatStaleTrialCallback``) when a worker next starts a trial.
     """
-    import warnings
-
+    # optional: Optuna is loaded only by a search (tools.tune) and by a run that has a trial
     import optuna
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 
@@ -40,7 +40,7 @@ def make_pruner(prune_after_trials: int | None, prune_from: int = 1):
     """Optuna's ``MedianPruner(n_startup_trials=prune_after_trials, n_warmup_steps=prune_from)``, or ``NopPruner``
     when ``prune_after_trials`` is None. Optuna stores no pruner: the search and the train stage's hook each build it.
     """
-    import optuna
+    import optuna  # optional: only a search (tools.tune) and a run with a trial build a pruner
 
     if prune_after_trials is None:
         return optuna.pruners.NopPruner()
@@ -93,7 +93,7 @@ def trial_from_env(metric: str) -> TrialReport | None:
         metric = where.get("metric") or metric
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"${TRIAL_ENV}: expected JSON with storage, study and trial_id, got {raw!r}") from err
-    import optuna
+    import optuna  # optional: only a run with a trial (set by tools.tune) loads Optuna
 
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage), pruner=pruner)
     log.info("Search: reporting validation %s to trial %s of study %s", metric, trial_id, study_name)
