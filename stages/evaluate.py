@@ -16,7 +16,8 @@ from finetune.runtime import run_stage, write_json
 def main() -> None:
     params, paths = load_params(), Paths()
     launch_if_distributed("stages.evaluate", params.train.accelerate_config)
-    from accelerate import PartialState  # imported after the hand-over to accelerate launch, as torch is
+    # Imported after the hand-over: a process that only starts `accelerate launch` never loads torch.
+    from accelerate import PartialState
 
     from finetune.evaluate.predictions import evaluate_model
 

@@ -59,7 +59,7 @@ def test_every_module_has_a_layer():
 
 def function_imports(path: Path) -> list[tuple[int, str, str]]:
     """``(line, the import, its reason)`` for every import inside a function of ``path``: the comment beside it, or
-    the comment line above it or above the block of imports it is in."""
+    the comment line above it or above the block of imports it is in (isort's groups, blank lines between)."""
     text = path.read_text()
     lines, found = text.splitlines(), set()
     for function in ast.walk(ast.parse(text, filename=str(path))):
@@ -67,8 +67,9 @@ def function_imports(path: Path) -> list[tuple[int, str, str]]:
             for node in ast.walk(function):
                 if isinstance(node, ast.Import | ast.ImportFrom):
                     line, above = lines[node.lineno - 1], node.lineno - 2
-                    while above >= 0 and lines[above].strip().startswith(("import ", "from ")):
-                        above -= 1  # a comment above a block of imports covers the block
+                    while above >= 0 and (not lines[above].strip() or lines[above].strip().startswith(("import ",
+                                                                                                     "from "))):
+                        above -= 1  # a comment above a block of imports (blank lines between groups) covers it
                     comment = lines[above].strip() if above >= 0 else ""
                     beside = line.partition("#")[2].strip()
                     reason = beside or comment.removeprefix("#").strip() * comment.startswith("#")
@@ -85,7 +86,7 @@ def test_a_function_level_import_says_why(package):
 
 def test_an_unexplained_function_level_import_is_found(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    import json\n\n\ndef g():\n    # optional: only g needs it\n    import csv\n"
-                      "    import os\n\n    import re\n\n\ndef h():\n    import os  # heavy\n")
+    module.write_text("def f():\n    import json\n\n    import re\n\n\ndef g():\n    # optional: only g needs it\n"
+                      "    import csv\n    import os\n\n    import re\n\n\ndef h():\n    import os  # heavy\n")
     assert [(line, bool(reason)) for line, _, reason in function_imports(module)] == [
-        (2, False), (7, True), (8, True), (10, False), (14, True)]
+        (2, False), (4, False), (9, True), (10, True), (12, True), (16, True)]
