@@ -126,13 +126,13 @@ def test_a_new_form_reruns_only_export_and_an_evaluation_change_never_train(proj
     finally:
         registry.write_text(original)
         (root / "finetune/export/onnx_copy.py").unlink()
-    predictions = root / "finetune/evaluate/predictions.py"
-    original = predictions.read_text()
-    predictions.write_text(original + "\n# an edit of the evaluate stage's code\n")
+    plots = root / "finetune/evaluate/plots.py"  # the evaluate stage's plots
+    original = plots.read_text()
+    plots.write_text(original + "\n# an edit of the evaluate stage's plots\n")
     try:
         assert stages_to_rerun(root) == {"evaluate"}
     finally:
-        predictions.write_text(original)
+        plots.write_text(original)
     assert "up to date" in run(dvc("status"), root)
 
 

@@ -1,18 +1,9 @@
-"""The evaluate stage's DVCLive plots, files only (no dvc.yaml, report or experiment commit:
-https://dvc.org/doc/dvclive/how-it-works); ``open_live`` also opens the train stage's logs."""
+"""The evaluate stage's DVCLive plots, files only (``finetune.runtime.open_live``: no dvc.yaml, report or experiment
+commit, https://dvc.org/doc/dvclive/how-it-works)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from finetune.tasks import Task
-
-
-def open_live(directory: str | Path):
-    """A DVCLive logger that only writes files under ``directory``; ``.end()`` writes its summary."""
-    from dvclive import Live  # heavy: only a process that writes logs loads DVCLive
-
-    return Live(dir=str(directory), dvcyaml=None, save_dvc_exp=False, report=None)
 
 
 def log_plots(live, split: str, task: Task, table) -> None:

@@ -15,12 +15,12 @@ from datasets import Dataset, load_from_disk
 from finetune.data.prepare import is_labeled, present_splits
 from finetune.evaluate.collapse import collapse_check, constant_baseline, warn_if_collapsed
 from finetune.evaluate.evaluation import evaluate_split, load_metric
-from finetune.evaluate.plots import log_plots, open_live
+from finetune.evaluate.plots import log_plots
 from finetune.hardware import resolve_mixed_precision
 from finetune.inference.predictor import Predictor, with_predictions
 from finetune.params import Params
 from finetune.paths import Paths
-from finetune.runtime import atomic_dir, make_accelerator
+from finetune.runtime import atomic_dir, make_accelerator, open_live
 from finetune.tasks import Task, predictions_of
 
 log = logging.getLogger(__name__)

@@ -6,9 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from finetune.evaluate.plots import open_live
 from finetune.paths import EVALUATION_LOGS
-from finetune.runtime import atomic_dir
+from finetune.runtime import atomic_dir, open_live
 
 
 class TrainLog:
