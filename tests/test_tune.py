@@ -7,6 +7,7 @@ throwaway PostgreSQL server (and a database that is down: one line, nothing lost
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -42,7 +43,6 @@ from tests.helpers import (
     run,
     run_stages_at_once,
     squeeze,
-    start,
     tiny_params,
     write_hub_folder,
 )
@@ -245,6 +245,29 @@ def test_a_report_is_written_whole_or_not_at_all(committed_reports, monkeypatch)
     assert "1 trials: 1 complete" in committed_reports.read_text()
 
 
+def test_workers_of_one_project_write_the_report_one_at_a_time(committed_reports):
+    # Two workers of one project that end together: the second waits for the first's lock in .tune/, so neither
+    # removes the other's temp folder.
+    import tools.tune_report
+
+    study = optuna.create_study(study_name="rte", direction="maximize")
+    study.add_trial(optuna.trial.create_trial(value=0.6, params={"train.lr": 1e-4},
+                                              distributions={"train.lr": optuna.distributions.FloatDistribution(
+                                                  1e-5, 1e-3, log=True)}))
+    space = load_space(REPO / "configs/search/rte.yaml", COMMITTED)
+    before = committed_reports.read_text()
+    Path(".tune").mkdir(exist_ok=True)
+    with open(Path(".tune/rte.report.lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the other worker, writing
+        second = threading.Thread(target=tools.tune_report.write_report,
+                                  args=(study, space, "accuracy", COMMITTED, committed_reports.parent))
+        second.start()
+        second.join(timeout=2)
+        assert second.is_alive() and committed_reports.read_text() == before  # waiting
+    second.join(timeout=60)
+    assert not second.is_alive() and "1 trials: 1 complete" in committed_reports.read_text()
+
+
 def test_a_space_choosing_a_dataset_over_own_files_names_params_yaml(tmp_path):
     own = {**COMMITTED, "data": {**COMMITTED["data"], "dataset": None, "config": None, "text_columns": ["text"],
                                  "files": {"train": "data/own/train.csv"}}}
@@ -330,62 +353,15 @@ def load(root: Path, name: str = "tiny") -> optuna.Study:
 
 
 @pytest.mark.e2e
-def test_two_workers_share_a_study_whose_trials_are_experiments_and_reported(project):
-    # the 2-process case and the study in one: both workers run the same command on the default storage. --timeout 1
-    # (start no trial after 1 s) makes it one trial each, 2 in all: without it, a worker that ends its trial before
-    # the other has ended its own sees 1 of 2 finished and starts a third (Optuna's MaxTrialsCallback counts when a
-    # trial ends). The --trials count itself stops the "again" run below.
-    workers = [start(tune("--trials", "2", "--timeout", "1"), project) for _ in range(2)]
-    outputs = [w.communicate(timeout=600)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), outputs
-    study = load(project)
-    states = [t.state.name for t in study.trials]
-    assert len(study.trials) == 2 and "COMPLETE" in states, outputs
-    assert len({t.user_attrs["worker"] for t in study.trials}) == 2  # both ran trials (host:pid)
-    ran = [t for t in study.trials if "duplicate_of" not in t.user_attrs]
-    assert len({tuple(sorted(t.params.items())) for t in ran}) == len(ran)  # no configuration ran twice
-    shown = exp_show(project)
-    for trial in ran:
-        # every trial is an experiment: its sampled params are the experiment's, and what the trial recorded is the
-        # experiment's validation f1 (its value, unless a collapse failed it); its train stage reported the
-        # validation f1 of every epoch it ran to the trial (the loop's hook, through $FINETUNE_TRIAL)
-        data, seed = shown[f"tiny-{trial.number}"], trial.user_attrs["seed_7"]
-        assert sorted(trial.intermediate_values) == list(range(1, seed["epochs"] + 1)), trial.intermediate_values
-        train_params = data["params"]["params.yaml"]["data"]["train"]
-        assert train_params["lr"] == pytest.approx(trial.params["train.lr"])
-        assert train_params["scheduler"] == trial.params["train.scheduler"] and train_params["warmup_steps"] == 1
-        assert data["metrics"]["metrics/eval.json"]["data"]["validation"]["f1"] == pytest.approx(seed["value"])
-        assert "test" not in data["metrics"]["metrics/eval.json"]["data"]  # the search never reads test
-        assert {"COMPLETE": trial.value == seed["value"], "PRUNED": seed["pruned"],
-                "FAIL": "collapsed" in trial.user_attrs.get("fail_reason", "")}[trial.state.name]
-    report = project / "metrics/search/tiny"
-    table = squeeze((report / "trials.md").read_text())
-    assert "| trial | state | train.lr | train.scheduler | seed 7 | mean f1 | train s | note |" in table
-    summary = json.loads((report / "trials.json").read_text())["summary"]
-    assert summary["trials"] == len(study.trials) and summary["metric"] == "validation.f1"
-    assert summary["direction"] == "maximize" and (report / "history.png").stat().st_size > 0
-    assert not (report / "importances.png").exists() and "drawn from 5 complete trials on" in table  # 3: noise
-    recipe = load_recipe(str(report / "recipe.yaml"))
-    assert recipe["train"]["lr"] == pytest.approx(study.best_params["train.lr"])
-    assert recipe["train"]["warmup_steps"] == 1
-    if study.best_params["train.scheduler"] == "linear":  # the project's own value: a recipe holds only what differs
-        assert "scheduler" not in recipe["train"]
-    base = yaml.safe_load((project / "params.yaml").read_text())
-    validate_params({s: {**base[s], **recipe.get(s, {})} for s in base}, "recipe")
-    # the same command again: the study is complete, nothing runs, the report is rewritten
-    again = run(tune("--trials", "2"), project)
-    assert "dvc exp run" not in again and len(load(project).trials) == len(study.trials)
-
-
-@pytest.mark.e2e
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # retried_trial_number
 def test_machines_share_a_study_through_postgresql_and_their_experiments_through_git(project, postgres, tmp_path):
     # Two clones of the project act as two machines: one study in PostgreSQL (the plain postgresql:// URL a user
     # writes), one bare git origin and one folder DVC remote. Machine a is killed mid-trial (its process group: no
     # clean-up at all); b, started once a's heartbeat has been silent for --grace, fails that trial and retries its
     # configuration; a comes back and runs a trial of its own. A third clone pulls every experiment and writes the
-    # report from the database alone. --timeout 1 makes each worker start one trial (see the two-worker test above),
-    # so the study ends at exactly --trials 3: the killed trial, its retry and a's new one.
+    # report from the database alone. --timeout 1 (start no trial after 1 s) makes each worker start one trial, so the
+    # study ends at exactly --trials 3: the killed trial, its retry and a's new one (without it, a worker whose trial
+    # ends before the other's sees fewer than 3 finished and starts another: MaxTrialsCallback counts ended trials).
     origin, remote = tmp_path / "origin.git", tmp_path / "dvc-remote"
     run(["git", "clone", "-q", "--bare", str(project), str(origin)], tmp_path)
     run(dvc("remote", "add", "--local", "seed", str(remote)), project)  # the project's data, for the clones
@@ -448,14 +424,34 @@ def test_machines_share_a_study_through_postgresql_and_their_experiments_through
     run(dvc("exp", "pull", "origin"), collector)
     shown = exp_show(collector)
     for name, trial in ran.items():
+        # every trial that ran is an experiment: its sampled params are the experiment's, and what it recorded is the
+        # experiment's validation f1; its train stage reported the f1 of every epoch it ran to the trial (the loop's
+        # hook, through $FINETUNE_TRIAL)
+        seed = trial.user_attrs["seed_7"]
+        assert sorted(trial.intermediate_values) == list(range(1, seed["epochs"] + 1)), trial.intermediate_values
         train_params = shown[name]["params"]["params.yaml"]["data"]["train"]
         assert train_params["lr"] == pytest.approx(trial.params["train.lr"])
-        assert train_params["scheduler"] == trial.params["train.scheduler"]
-        validation = shown[name]["metrics"]["metrics/eval.json"]["data"]["validation"]
-        assert validation["f1"] == pytest.approx(trial.user_attrs["seed_7"]["value"])
-    out = run([*args, "--report"], collector)
+        assert train_params["scheduler"] == trial.params["train.scheduler"] and train_params["warmup_steps"] == 1
+        evaluation = shown[name]["metrics"]["metrics/eval.json"]["data"]
+        assert evaluation["validation"]["f1"] == pytest.approx(seed["value"])
+        assert "test" not in evaluation  # the search never reads test
+        assert {"COMPLETE": trial.value == seed["value"], "PRUNED": seed["pruned"],
+                "FAIL": "collapsed" in trial.user_attrs.get("fail_reason", "")}[trial.state.name]
+    # the same command on the complete study: no trial runs, the report is written from the database alone
+    out = run(args, collector)
     assert "dvc exp run" not in out and urlsplit(postgres).password not in out  # the password: never shown
-    table = squeeze((collector / "metrics/search/shared/trials.md").read_text())
+    report = collector / "metrics/search/shared"
+    table = squeeze((report / "trials.md").read_text())
+    assert "| trial | state | train.lr | train.scheduler | seed 7 | mean f1 | train s | note |" in table
     for trial in trials:
         assert f"| {trial.number} | {trial.state.name} |" in table
     assert f"retry of trial {killed.number}" in table
+    summary = json.loads((report / "trials.json").read_text())["summary"]
+    assert summary["trials"] == 3 and summary["metric"] == "validation.f1" and summary["direction"] == "maximize"
+    assert (report / "history.png").stat().st_size > 0
+    if any(t.state.name == "COMPLETE" for t in trials):
+        best = study().best_params
+        recipe = load_recipe(str(report / "recipe.yaml"))
+        assert recipe["train"]["lr"] == pytest.approx(best["train.lr"]) and recipe["train"]["warmup_steps"] == 1
+        base = yaml.safe_load((collector / "params.yaml").read_text())
+        validate_params({s: {**base[s], **recipe.get(s, {})} for s in base}, "recipe")
