@@ -46,6 +46,7 @@ from tests.helpers import (
     tiny_params,
     write_hub_folder,
 )
+from tools import tune_report
 from tools.recipe import load_recipe
 from tools.search_space import load_space
 from tools.tune import FINISHED, connect, database_url, settle_study
@@ -223,43 +224,40 @@ def test_bad_numbers_stop_before_any_trial(committed_reports, tmp_path, argv, sa
     assert not (tmp_path / ".tune/studies.db").exists()
 
 
-def test_a_report_is_written_whole_or_not_at_all(committed_reports, monkeypatch):
-    # the folder is replaced when the report is whole: a failure half-way leaves the committed one
-    import tools.tune_report
-
+def one_trial_study() -> tuple[optuna.Study, object]:
+    """An in-memory study "rte" with one complete trial, and the rte search space."""
     study = optuna.create_study(study_name="rte", direction="maximize")
     study.add_trial(optuna.trial.create_trial(value=0.6, params={"train.lr": 1e-4},
                                               distributions={"train.lr": optuna.distributions.FloatDistribution(
                                                   1e-5, 1e-3, log=True)}))
-    space = load_space(REPO / "configs/search/rte.yaml", COMMITTED)
+    return study, load_space(REPO / "configs/search/rte.yaml", COMMITTED)
+
+
+def test_a_report_is_written_whole_or_not_at_all(committed_reports, monkeypatch):
+    # the folder is replaced when the report is whole: a failure half-way leaves the committed one
+    study, space = one_trial_study()
     before = committed_reports.read_text()
 
     def broken(study, out):
         raise RuntimeError("the plot failed")
 
     with monkeypatch.context() as patched, pytest.raises(RuntimeError):
-        patched.setattr(tools.tune_report, "write_plots", broken)
-        tools.tune_report.write_report(study, space, "accuracy", COMMITTED, committed_reports.parent)
+        patched.setattr(tune_report, "write_plots", broken)
+        tune_report.write_report(study, space, "accuracy", COMMITTED, committed_reports.parent)
     assert committed_reports.read_text() == before and not list(committed_reports.parent.parent.glob(".rte.*"))
-    tools.tune_report.write_report(study, space, "accuracy", COMMITTED, committed_reports.parent)
+    tune_report.write_report(study, space, "accuracy", COMMITTED, committed_reports.parent)
     assert "1 trials: 1 complete" in committed_reports.read_text()
 
 
 def test_workers_of_one_project_write_the_report_one_at_a_time(committed_reports):
     # Two workers of one project that end together: the second waits for the first's lock in .tune/, so neither
     # removes the other's temp folder.
-    import tools.tune_report
-
-    study = optuna.create_study(study_name="rte", direction="maximize")
-    study.add_trial(optuna.trial.create_trial(value=0.6, params={"train.lr": 1e-4},
-                                              distributions={"train.lr": optuna.distributions.FloatDistribution(
-                                                  1e-5, 1e-3, log=True)}))
-    space = load_space(REPO / "configs/search/rte.yaml", COMMITTED)
+    study, space = one_trial_study()
     before = committed_reports.read_text()
     Path(".tune").mkdir(exist_ok=True)
     with open(Path(".tune/rte.report.lock"), "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # the other worker, writing
-        second = threading.Thread(target=tools.tune_report.write_report,
+        second = threading.Thread(target=tune_report.write_report,
                                   args=(study, space, "accuracy", COMMITTED, committed_reports.parent))
         second.start()
         second.join(timeout=2)
