@@ -52,6 +52,7 @@ from transformers import AutoTokenizer, pipeline
 from finetune.export.registry import form_folder, load_form
 from finetune.export.speed import served_form
 from finetune.hardware import cpu_model
+from finetune.modeling import MeanPooledConfig  # noqa: F401  registers a mean-pooled head with the Auto classes (the baseline's pipeline)
 from finetune.paths import Paths
 from tools.serve import check_port
 

@@ -32,7 +32,7 @@ def project(max_steps: int | None, overrides: dict | None = None, checkpoint: st
     """
     # heavy, this way's own: the baselines' subprocesses load none of the pipeline, so their peak RSS is their own
     from finetune.data.download import download_checkpoint
-    from finetune.data.tokenization import tokenize_splits
+    from finetune.data.tokenized import tokenize_splits
     from finetune.evaluate.predictions import evaluate_model
     from finetune.train.recipe import train
 

@@ -195,10 +195,3 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)
-
-
-def open_live(directory: str | Path):
-    """A DVCLive logger that only writes files under ``directory``; ``.end()`` writes its summary."""
-    from dvclive import Live  # heavy: only a process that writes logs loads DVCLive
-
-    return Live(dir=str(directory), dvcyaml=None, save_dvc_exp=False, report=None)

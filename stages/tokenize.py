@@ -1,10 +1,10 @@
 """Stage tokenize: the task's text columns to token ids with the checkpoint's tokenizer
-(``finetune.data.tokenization.tokenize_splits``). Writes data/tokenized/ (``DatasetDict.save_to_disk`` plus data/raw's
+(``finetune.data.tokenized.tokenize_splits``). Writes data/tokenized/ (``DatasetDict.save_to_disk`` plus data/raw's
 task.json) and metrics/token_lengths.json (``length_stats`` per split)."""
 
 from __future__ import annotations
 
-from finetune.data.tokenization import tokenize_splits
+from finetune.data.tokenized import tokenize_splits
 from finetune.params import load_params
 from finetune.paths import Paths
 from finetune.runtime import run_stage, write_json

@@ -189,7 +189,7 @@ def make_project(root: Path, params: Params, raw: DatasetDict | None = None, che
     ``checkpoint`` the inputs of the train stage (data/raw, models/pretrained, and data/tokenized by the tokenize
     stage's own ``tokenize_splits``, each with task.json); with ``code`` the project's code, configs, dvc.yaml,
     data/own and models/own, for running stages and DVC commands in it."""
-    from finetune.data.tokenization import tokenize_splits
+    from finetune.data.tokenized import tokenize_splits
     from finetune.tasks import glue_task
 
     root.mkdir(parents=True, exist_ok=True)

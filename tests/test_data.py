@@ -6,7 +6,8 @@ from datasets import DatasetDict
 
 from finetune.data.batches import make_collator, train_dataloader
 from finetune.data.prepare import prepare_raw
-from finetune.data.tokenization import length_stats, tokenize
+from finetune.data.tokenization import tokenize
+from finetune.data.tokenized import length_stats
 from finetune.errors import DataError
 from finetune.tasks import glue_task
 from tests.helpers import tiny_params

@@ -15,7 +15,7 @@ from tests.helpers import REPO
 LAYERS = [
     {"core": ["finetune/errors.py", "finetune/paths.py", "finetune/runtime.py", "finetune/tasks.py",
               "finetune/hardware.py", "finetune/modeling.py", "finetune/params.py", "finetune/code.py",
-              "finetune/launch.py"]},
+              "finetune/launch.py", "finetune/logs.py"]},
     {"data": ["finetune/data"]},
     {"inference": ["finetune/inference"]},
     {"evaluate": ["finetune/evaluate"], "distill": ["finetune/distill"]},

@@ -109,17 +109,19 @@ def stages_to_rerun(root: Path) -> set[str]:
     return set(json.loads(run(dvc("status", "--json"), root)))
 
 
-def test_a_new_form_reruns_only_export_and_an_evaluation_change_never_train(project):
+def test_a_new_form_reruns_only_export_and_an_edit_of_evaluate_plots_never_train(project):
     root = project
     fingerprint = python("-c", "from finetune.code import code_digest; print(code_digest('stages.train'))")
     before = run(fingerprint, root)
     registry = root / "finetune/export/registry.py"
     original = registry.read_text()
     (root / "finetune/export/onnx_copy.py").write_text(NEW_FORM)
-    registry.write_text(original.replace("\nfrom finetune.inference", "\nfrom finetune.export.onnx_copy import "
-                                         "make_onnx_copy\nfrom finetune.inference", 1).replace(
-        "\n)}\n", '\n    Form("onnx-copy", make_onnx_copy, OnnxClassifier, lossy=False, loaded_with="-", '
-        'base="onnx-fp32"),\n)}\n', 1))
+    imported = original.replace("\nfrom finetune.inference", "\nfrom finetune.export.onnx_copy import make_onnx_copy"
+                                "\nfrom finetune.inference", 1)
+    entry = '    Form("onnx-copy", make_onnx_copy, OnnxClassifier, lossy=False, loaded_with="-", base="onnx-fp32"),\n'
+    registered = imported.replace("\n)}\n", f"\n{entry})}}\n", 1)
+    assert original != imported != registered  # both edits found their place
+    registry.write_text(registered)
     try:
         assert stages_to_rerun(root) == {"export"}
         assert run(fingerprint, root) == before  # a training checkpoint still resumes

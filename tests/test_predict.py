@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from finetune.data.loading import FILE_FORMATS, WRITE_FORMATS, load_files
-from finetune.data.tokenization import tokenize_splits
+from finetune.data.tokenized import tokenize_splits
 from finetune.errors import ParamsError
 from finetune.params import Params
 from finetune.runtime import run_stage

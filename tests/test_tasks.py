@@ -12,7 +12,7 @@ from sklearn.metrics import f1_score, matthews_corrcoef
 from transformers import AutoModelForSequenceClassification, pipeline
 
 from finetune.data.download import download_dataset
-from finetune.data.tokenization import tokenize_splits
+from finetune.data.tokenized import tokenize_splits
 from finetune.errors import ParamsError
 from finetune.evaluate.evaluation import load_metric
 from finetune.evaluate.predictions import evaluate_model

@@ -145,7 +145,7 @@ def test_an_interrupted_tokenize_leaves_the_previous_output_and_no_scratch(tiny_
                                                                           monkeypatch):
     from datasets import DatasetDict, load_from_disk
 
-    from finetune.data.tokenization import tokenize_splits
+    from finetune.data.tokenized import tokenize_splits
 
     paths = make_project(tmp_path / "p", tiny_params(), tiny_raw, tiny_checkpoint)  # tokenized once
     before = load_from_disk(str(paths.tokenized))["train"].to_dict()

@@ -1,25 +1,18 @@
 """Tokenization of the prepared splits (text to token ids, no padding) as in the Hugging Face course, "A full
-training" (https://huggingface.co/learn/llm-course/chapter3/4); the truncation length and token lengths; every split of
-data/raw tokenized into data/tokenized (``tokenize_splits``, the tokenize stage's work).
+training" (https://huggingface.co/learn/llm-course/chapter3/4); the truncation length and token lengths.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import tempfile
 from pathlib import Path
 
-import numpy as np
 import pyarrow.compute as pc
-from datasets import Dataset, DatasetDict, load_from_disk
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from datasets import Dataset, DatasetDict
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from finetune.errors import ParamsError
-from finetune.params import Params
-from finetune.paths import Paths
-from finetune.runtime import atomic_dir
-from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -99,48 +92,8 @@ def truncation_length(tokenizer: PreTrainedTokenizerBase, max_length: int | None
     return min(tokenizer.model_max_length, limit) if limit is not None else tokenizer.model_max_length
 
 
-def length_stats(ds: Dataset, max_length: int) -> dict:
-    """Token-length statistics of a tokenized split (tokens per example, special tokens included): ``examples``,
-    ``mean``, ``median``, ``p95``, ``max``, ``min``, ``truncated`` (examples at ``max_length`` or longer) and
-    ``max_length``."""
-    lengths = np.array(token_lengths(ds))
-    return {"examples": int(lengths.size), "mean": round(float(lengths.mean()), 2), "median": float(np.median(lengths)),
-            "p95": float(np.percentile(lengths, 95)), "max": int(lengths.max()), "min": int(lengths.min()),
-            "truncated": int((lengths >= max_length).sum()), "max_length": max_length}
-
-
 def token_lengths(ds: Dataset) -> list[int]:
     """Tokens per example (special tokens included) of a tokenized split, in row order, read from the Arrow
     list offsets of ``input_ids`` (``pyarrow.compute.list_value_length``) without materialising the rows.
     """
     return pc.list_value_length(ds.with_format("arrow")["input_ids"]).to_numpy().tolist()
-
-
-def tokenize_splits(params: Params, paths: Paths) -> dict:
-    """Tokenize every split of ``paths.raw`` into ``paths.tokenized`` (``tokenize``) with
-    ``tokenize.max_length`` and ``tokenize.num_proc``; returns split -> ``length_stats``.
-
-    Raises:
-        ParamsError: ``tokenize.max_length`` is above the checkpoint's positions (``position_limit``); nothing is
-            written.
-    """
-    tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
-    task = Task.load(paths.raw)
-    limit = position_limit(AutoConfig.from_pretrained(paths.pretrained))
-    max_length = truncation_length(tokenizer, params.tokenize.max_length, limit)
-    log.info("Tokenizing %s (%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
-             type(tokenizer).__name__, max_length)
-    # the scratch folder is named like atomic_dir's temp folders, so the next run's atomic_dir removes a killed run's
-    with atomic_dir(paths.tokenized) as tmp, \
-            tempfile.TemporaryDirectory(dir=paths.tokenized.parent, prefix=f".{paths.tokenized.name}.scratch-",
-                                        suffix=".tmp") as scratch:
-        tokenized = tokenize(load_from_disk(str(paths.raw)), tokenizer, max_length, task.text_columns,
-                             cache_dir=Path(scratch), num_proc=params.tokenize.num_proc)
-        tokenized.save_to_disk(str(tmp))
-        task.save(tmp)
-        stats = {split: length_stats(ds, max_length) for split, ds in tokenized.items()}
-        del tokenized  # its memory maps, before the scratch folder goes
-    for split, s in stats.items():
-        log.info("%s: %d examples, tokens mean %.1f, max %d, truncated %d", split, s["examples"], s["mean"], s["max"],
-                 s["truncated"])
-    return stats

@@ -1,5 +1,4 @@
-"""The evaluate stage's DVCLive plots, files only (``finetune.runtime.open_live``: no dvc.yaml, report or experiment
-commit, https://dvc.org/doc/dvclive/how-it-works)."""
+"""The evaluate stage's DVCLive plots, files only (``finetune.logs.open_live``)."""
 
 from __future__ import annotations
 

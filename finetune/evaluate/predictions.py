@@ -18,9 +18,10 @@ from finetune.evaluate.evaluation import evaluate_split, load_metric
 from finetune.evaluate.plots import log_plots
 from finetune.hardware import resolve_mixed_precision
 from finetune.inference.predictor import Predictor, with_predictions
+from finetune.logs import open_live
 from finetune.params import Params
 from finetune.paths import Paths
-from finetune.runtime import atomic_dir, make_accelerator, open_live
+from finetune.runtime import atomic_dir, make_accelerator
 from finetune.tasks import Task, predictions_of
 
 log = logging.getLogger(__name__)

@@ -153,7 +153,7 @@ def open_form(folder: str | Path, form: str = PYTORCH, **options) -> Predictor:
         CheckpointError, ParamsError: as ``Predictor.open``.
     """
     _known(form)
-    return Predictor.open(folder, None if form == PYTORCH else FORMS[form].load, form=form, **options)
+    return Predictor.open(folder, load=None if form == PYTORCH else FORMS[form].load, form=form, **options)
 
 
 def load_form(form: str, folder: Path) -> torch.nn.Module:

@@ -52,14 +52,14 @@ class Predictor:
         self.form, self.folder = form, folder
 
     @classmethod
-    def open(cls, folder: str | Path, load: Callable[[Path], torch.nn.Module] | None = None, *, form: str = PYTORCH,
+    def open(cls, folder: str | Path, *, load: Callable[[Path], torch.nn.Module] | None = None, form: str = PYTORCH,
              task: Task | None = None, max_length: int | None = None, max_length_key: str = "max_length",
              num_threads: int | None = None, device: str = "cpu", dtype: torch.dtype | None = None,
              accelerator: Accelerator | None = None) -> Predictor:
         """Open the model folder ``folder``: its task (its task.json, unless ``task`` is given), tokenizer, truncation
         length and classifier, on ``num_threads`` CPU threads (None: this process's share of the CPUs). A classifier
         with torch parameters goes to ``accelerator`` (prepared: its device and mixed precision) or to ``device`` in
-        ``dtype``; one without (a runtime's session) runs on the CPU.
+        ``dtype``; one without (a runtime's session, holding no torch parameters) runs on the CPU.
 
         Args:
             load: the classifier's loader, ``(folder) -> torch.nn.Module`` (a served form's, from the registry:
@@ -71,7 +71,7 @@ class Predictor:
         Raises:
             CheckpointError: the folder is missing, or lacks task.json, config.json or the tokenizer, or its weights
                 can't be read (a damaged file); one line naming the folder.
-            ExportError: the form's runtime is not installed.
+            ExportError: the form's runtime is not installed, or its file is missing.
             ParamsError: ``max_length`` is above the model's positions.
         """
         folder = Path(folder)

@@ -6,8 +6,9 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from finetune.logs import open_live
 from finetune.paths import EVALUATION_LOGS
-from finetune.runtime import atomic_dir, open_live
+from finetune.runtime import atomic_dir
 
 
 class TrainLog:
