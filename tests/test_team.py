@@ -152,12 +152,12 @@ def wait_for_queue(root: Path, names: list[str], timeout: float = 400) -> str:
 
 
 def test_the_queue_runs_two_experiments_at_once(team):
-    # docs/team.md's queue: q-1 changes a train param (train, evaluate, card and export rerun, the rest comes from the
-    # cache), q-2 an export param only (the export stage alone, with no forms: its start is the queue's own cost).
-    # Two trainings at once in temporary copies of the workspace: tests/test_tune.py's two workers.
+    # docs/team.md's queue: two experiments at once, each in its own temporary copy of the workspace, each changing an
+    # export param only, so each reruns the export stage alone (no forms: its start is the queue's own cost) and takes
+    # the rest from the cache. Trainings in temporary copies, two at once: tests/test_tune.py's PostgreSQL search.
     local = clone(team, "queue")
     run(dvc("pull"), local)
-    changes = {"q-1": ("train.lr", 2e-3), "q-2": ("export.max_metric_drop", 0.01)}
+    changes = {"q-1": ("export.max_metric_drop", 0.02), "q-2": ("export.max_metric_drop", 0.01)}
     for name, (key, value) in changes.items():
         run(dvc("exp", "run", "--queue", "-n", name, "-S", f"{key}={value}"), local)
     # Its output to a file, not a pipe: the workers it starts hold its stdout until they exit, about 10 s idle after
@@ -175,7 +175,7 @@ def test_the_queue_runs_two_experiments_at_once(team):
         assert runs[name]["params"]["params.yaml"]["data"][section][param] == value
         assert "f1" in runs[name]["metrics"]["metrics/eval.json"]["data"]["validation"]
         log = run(dvc("queue", "logs", name), local)
-        assert ("Running stage 'train'" in log) == (name == "q-1") and "Running stage 'export'" in log, log
+        assert "Running stage 'export'" in log and "Running stage 'train'" not in log, log
         assert "Running stage 'download'" not in log and "Running stage 'collate-check'" not in log, log
 
 
