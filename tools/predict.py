@@ -74,7 +74,7 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
     rows.attrs["numbered"] = True  # errors name the row's number in the file
     clean_texts(rows, task.text_columns, str(input_file), "input")
 
-    predictor = open_form(folder, form, max_length=max_length, max_length_key="--max-length",
+    predictor = open_form(folder, form, task=task, max_length=max_length, max_length_key="--max-length",
                                device=_device())
     examples = list(zip(*(rows[c].tolist() for c in task.text_columns)))
     return predictor.table(rows, predictor.logits(examples, batch_size=batch_size, desc="predict"))

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr)
         failed = failed or bool(problems)
         if fresh != old:
-            page.write_text(fresh)
+            write_text(page, fresh)
             print(f"{page.relative_to(ROOT)}: quotes rewritten")
     return 1 if failed else 0
 

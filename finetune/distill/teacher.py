@@ -105,14 +105,14 @@ def score_rows(params: Params, folder: Path, task: Task, sets: dict[str, Dataset
     # heavy: with distill.teacher null the teacher stage loads no torch, datasets or transformers
     from datasets import DatasetDict
 
-    from finetune.data.tokenization import tokenize
+    from finetune.data.tokenization import tokenize, truncation_length
     from finetune.hardware import describe_device, resolve_mixed_precision
     from finetune.inference.predictor import Predictor
 
     mixed_precision = resolve_mixed_precision(params.train.mixed_precision)
     accelerator = make_accelerator(mixed_precision=mixed_precision)
     teacher = Predictor.open(folder, task=task, accelerator=accelerator)
-    max_length = min(params.tokenize.max_length or teacher.tokenizer.model_max_length,
+    max_length = min(truncation_length(teacher.tokenizer, params.tokenize.max_length),
                      teacher.tokenizer.model_max_length)
     log.info("Teacher %s on %s, %s tokenizer (truncation at %d tokens), mixed precision %s, %s", folder,
              " and ".join(f"{len(rows)} {name} rows" for name, rows in sets.items()),

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 
 from finetune.errors import ExportError
 from finetune.hardware import cpu_bf16_flags
+from finetune.inference.predictor import MODEL_INPUTS
 from finetune.inference.runtimes import ONNX_FILE
 
 log = logging.getLogger(__name__)
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # those the tokenizer gives, in this order
 # Files of the model folder that every form carries beside its weights: tokenizer, config (labels) and task.json.
 SIDE_FILES = ("config.json", "task.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "vocab.txt", "vocab.json", "merges.txt", "spm.model", "README.md")

@@ -13,7 +13,7 @@ from datasets import Dataset
 
 from finetune.errors import ExportError
 from finetune.export.registry import FORMS
-from finetune.inference.predictor import PYTORCH, Predictor
+from finetune.inference.predictor import MODEL_INPUTS, PYTORCH, Predictor
 
 EXPORT_METRICS = Path("metrics/export.json")  # the export stage's, with fastest_at_parity
 
@@ -29,8 +29,7 @@ def form_speed(predictor: Predictor, rows: Dataset) -> dict:
         rows per second in batches of 32, sorted by length.
     """
     rows = rows.select(range(min(len(rows), SPEED_ROWS)))
-    columns = {name: rows[name] for name in ("input_ids", "attention_mask", "token_type_ids")
-               if name in rows.column_names}
+    columns = {name: rows[name] for name in MODEL_INPUTS if name in rows.column_names}
     singles = [{name: values[i:i + 1] for name, values in columns.items()}
                for i in range(min(len(rows), LATENCY_ROWS))]
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
 PYTORCH = "pytorch"  # the fine-tuned model as trained (fp32): the reference form, which ``Predictor.open`` opens
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")  # the tokenizer's outputs a classifier reads
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what a classifier reads, in ONNX's input order
 Example = tuple[str, ...]  # one row's texts, in the task's ``text_columns`` order
 
 
@@ -45,11 +45,10 @@ class Predictor:
 
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: Task,
                  max_length: int | None = None, *, accelerator: Accelerator | None = None,
-                 device: str | torch.device = "cpu", form: str = PYTORCH, folder: Path | None = None):
+                 device: str | torch.device = "cpu"):
         self.model, self.tokenizer, self.task, self.accelerator = model, tokenizer, task, accelerator
         self.max_length = max_length or tokenizer.model_max_length
         self.device = torch.device(device) if accelerator is None else accelerator.device
-        self.form, self.folder = form, folder
 
     @classmethod
     def open(cls, folder: str | Path, *, load: Callable[[Path], torch.nn.Module] | None = None, form: str = PYTORCH,
@@ -64,7 +63,7 @@ class Predictor:
         Args:
             load: the classifier's loader, ``(folder) -> torch.nn.Module`` (a served form's, from the registry:
                 ``finetune.export.registry.open_form``); None: the fine-tuned PyTorch model (fp32).
-            form: the form's name, for errors and ``self.form``.
+            form: the form's name, for errors.
             max_length: truncation in tokens, at most the model's positions; None: the model's own length.
             max_length_key: where ``max_length`` came from, for the error (``--max-length``).
 
@@ -94,8 +93,7 @@ class Predictor:
             raise CheckpointError(f"{folder}: cannot load the {form} model: {_first_line(err)}") from None
         if next(model.parameters(), None) is not None:
             model = accelerator.prepare(model) if accelerator is not None else model.to(device, dtype=dtype)
-        return cls(model, tokenizer, task, max_length, accelerator=accelerator, device=device, form=form,
-                   folder=folder)
+        return cls(model, tokenizer, task, max_length, accelerator=accelerator, device=device)
 
     def encode(self, examples: Sequence[Example]) -> dict[str, list[list[int]]]:
         """The token ids of ``examples`` as the tokenizer gives them for a pair or single text, truncated at
@@ -123,12 +121,12 @@ class Predictor:
                 row (their logits are dropped); not with an accelerator.
             desc: a progress bar's label; None: no bar.
         """
+        if fill_rows and self.accelerator is not None:
+            raise ValueError("fill_rows: not with an accelerator (its processes gather each batch's rows)")
         if isinstance(rows, list | tuple) and 0 < len(rows) <= batch_size and not fill_rows and not self.accelerator:
             return self._one_batch(rows, pad_to_multiple_of)  # nothing to sort: as the tokenizer pads, in one call
         features = _Features(self.encode(rows) if isinstance(rows, list | tuple) else rows)
         order = length_order(features.lengths()) if sort_by_length else np.arange(len(features))
-        if fill_rows and self.accelerator is not None:
-            raise ValueError("fill_rows: not with an accelerator (its processes gather each batch's rows)")
 
         def collate(batch: list[dict]) -> tuple[Any, int]:
             size = len(batch)

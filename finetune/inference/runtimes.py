@@ -41,7 +41,7 @@ class OnnxClassifier(torch.nn.Module):
         ExportError: ONNX Runtime is not installed, or the folder has no model.onnx.
     """
 
-    def __init__(self, folder: Path, num_threads: int | None = None):
+    def __init__(self, folder: Path):
         super().__init__()
         try:
             import onnxruntime as ort  # heavy, and only the ONNX forms need it
@@ -52,7 +52,7 @@ class OnnxClassifier(torch.nn.Module):
             raise ExportError(f"{folder / ONNX_FILE}: not found; run the export stage (dvc repro export) with this "
                               "form in export.forms")
         options = ort.SessionOptions()
-        options.intra_op_num_threads = num_threads or torch.get_num_threads()
+        options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(str(folder / ONNX_FILE), options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -71,7 +71,7 @@ class OpenVinoClassifier(torch.nn.Module):
         ExportError: OpenVINO is not installed, or the folder has no openvino_model.xml.
     """
 
-    def __init__(self, folder: Path, num_threads: int | None = None):
+    def __init__(self, folder: Path):
         super().__init__()
         try:
             import openvino as ov  # optional: the serve extra
@@ -82,7 +82,7 @@ class OpenVinoClassifier(torch.nn.Module):
                               "form in export.forms")
         hint = json.loads((folder / OV_CONFIG).read_text())["inference_precision"]
         self.compiled = ov.Core().compile_model(str(folder / OV_FILE), "CPU", {
-            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": num_threads or torch.get_num_threads()})
+            "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": torch.get_num_threads()})
         self.input_names = [i.get_any_name() for i in self.compiled.inputs]
         self.config = AutoConfig.from_pretrained(folder)
 
