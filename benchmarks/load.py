@@ -16,7 +16,7 @@ alone, zero errors expected. The servers run as subprocesses of this one, one at
 
     python -m benchmarks.load                              # the served form (metrics/export.json), all three
     python -m benchmarks.load --form onnx-fp32 --requests 800 --soak 20000
-    python -m benchmarks.load --model models/kept/mpnet-mrpc --exported models/kept/mpnet-mrpc-exported \
+    python -m benchmarks.load --model models/kept/mpnet-mrpc --exported models/kept/mpnet-mrpc-exported \\
         --out benchmarks/SERVE-LOAD-MPNET.md             # another fine-tuned model and its forms
     python -m benchmarks.load --form pytorch --device cuda   # on the GPU (the engine in bf16)
 
@@ -275,7 +275,8 @@ def report(rows, soak_row, statuses: dict, form: str, folder: Path, goals: dict,
              f"same cores).{gpu} LitServe {installed('litserve')}, FastAPI {installed('fastapi')}, uvicorn "
              f"{installed('uvicorn')}, torch {installed('torch')}, onnxruntime {installed('onnxruntime')}, OpenVINO "
              f"{installed('openvino')}.", "",
-             f"The form: {form} ({folder}). engine: `python -m tools.serve --form {form} {settings}`; bare: LitServe "
+             f"The form: {form} ({folder}). engine: `python -m tools.serve --form {form} {settings}"
+             f"{' --device ' + device if device != 'cpu' else ''}`; bare: LitServe "
              f"over the same form with the same batching and no checks (`benchmarks.load.BareAPI`); baseline: "
              "FastAPI calling `pipeline(\"text-classification\")` fp32 on the fine-tuned model, one request at a "
              "time. MRPC validation pairs, one per request, keep-alive clients on loopback; one server at a time.", "",

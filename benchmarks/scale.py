@@ -4,16 +4,16 @@ Each size is a temporary DVC project (this checkout's stages/, finetune/, config
 ``dvc init --no-scm``) whose stages run one by one with ``dvc repro -s <stage>`` under GNU time: wall seconds and
 peak RSS of the stage's process tree (DVC's hashing and caching included, as a user pays them). Sizes:
 
-- ``mrpc``: GLUE MRPC from the local copy (3,668 train pairs; validation 408, test 1,725).
-- ``sst2-xK``: SST-2's train split (67,349 sentences) repeated K times as own files under data/own (K 1: 67 k,
-  K 3: 202 k, K 6: 404 k rows), its validation split (872), and a test split of every 10th train row (6.7 k, 40 k
-  rows: the size of QQP's or MNLI's evaluation splits), all labeled.
+- ``mrpc``: GLUE MRPC from the local copy (its train, validation and test splits).
+- ``sst2-xK``: SST-2's train split repeated K times as own files under data/own (K 1: 67 k, K 3: 202 k, K 6: 404 k
+  rows), its validation split, and a test split of every 10th train row (6.7 k to 40 k rows: the size of QQP's or
+  MNLI's evaluation splits), all labeled.
 
 Training is bounded by ``train.max_steps`` (``--max-steps``, with a validation every ``--max-steps / 2`` steps), so
 its time measures what grows with the rows (loading, the length-grouped sampler) plus a fixed number of steps.
 The teacher stage runs with distillation off (it scores train rows with the evaluation loop that evaluate measures).
 
-    python -m benchmarks.scale                         # mrpc, sst2-x1, -x3, -x6: about 25 min on 2 CPU cores
+    python -m benchmarks.scale                         # mrpc, sst2-x1, -x3, -x6
     python -m benchmarks.scale --sizes sst2-x1 --max-steps 20
 
 Writes benchmarks/SCALE.md and benchmarks/scale.json (with the command, date and machine).

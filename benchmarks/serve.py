@@ -189,7 +189,7 @@ def bench_model(name: str, model_dir: Path, exported: Path, pairs, labels, laten
     return rows
 
 
-PARITY_POINTS = 0.003  # a form at parity: accuracy and F1 within 0.3 points of PyTorch fp32 (issue 42)
+PARITY_POINTS = 0.003  # a form at parity: accuracy and F1 within 0.3 points of PyTorch fp32
 PARITY_AGREEMENT = 0.99  # with an untrained head (no meaningful accuracy): at least this share of equal predictions
 
 

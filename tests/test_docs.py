@@ -1,217 +1,37 @@
-"""The docs stay true to the repository: docs/results.md's committed-run block and every quote of a JSON file are
-what the committed files give (tools/results_block.py); every `python -m` and `dvc` command of the pages names a
-module that exists and flags its parser accepts, and `-S` only keys of params.yaml; the guides hold no measurement
-(docs/results.md and the files hold them); every relative link points to a file that exists (and, into a .md file,
-to a heading that exists); and no guide cites the history (issue numbers) or a git tag the repository does not have.
-Fast: text, `git show` and argument parsers only (each command's module imported, its `main()` stopped where it
-would parse), no model."""
+"""The docs stay true to the repository: every `python -m` and `dvc` command of the pages, of the benchmarks' reports,
+of the module docstrings and of the `--help` texts of tools/ and benchmarks/ names a module that exists and flags its
+parser accepts, and `-S` only keys of params.yaml; a guide that queues experiments waits for them before it reads
+them; every relative link points to a file that exists (and, into a .md file, to a heading that exists); and no guide
+cites the history (issue numbers) or a git tag the repository does not have. The numbers: tests/test_doc_numbers.py.
+Fast: text and argument parsers only (each command's module imported, its `main()` stopped where it would parse), no
+model."""
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import functools
-import importlib
-import importlib.util
-import json
 import re
 import shlex
 from pathlib import Path
-from unittest import mock
 
 import pytest
-import yaml
 
+from tests.doc_commands import (
+    FENCE,
+    LINK,
+    PAGES,
+    READERS,
+    REPORTS,
+    ROOT,
+    code_spans,
+    command_problems,
+    commands,
+    docstring_lines,
+    help_lines,
+    help_text,
+    page_commands,
+    prose,
+    texts,
+)
 from tools import results_block
-
-ROOT = Path(__file__).resolve().parents[1]
-PAGES = results_block.pages()
-LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-FENCE = re.compile(r"^\s*(```|~~~)")
-SHELL_FENCE = re.compile(r"^\s*(```|~~~)\s*(bash|sh|shell|console)?\s*$")  # an opening fence of shell lines
-# A guide (README.md, docs/, benchmarks/README.md) says how; its measurements are in docs/results.md and the files
-# under metrics/ and benchmarks/, linked or quoted (tools/results_block.py). docs/serving.md is exempt while it is
-# rewritten with the serving code.
-MEASURED = {"docs/results.md", "docs/serving.md"}
-MEASUREMENT = re.compile(r"±\s?\d|\b\d{1,3}\.\d{4,}\b|\b\d+(\.\d+)?\s?(ms|s|min|minutes|seconds|hours)\b|"
-                         r"\b\d+\.\d+\s?(x|times)\b")
-
-
-def prose(text: str) -> list[str]:
-    """The page's lines outside fenced code blocks, with inline code spans blanked."""
-    lines, fenced = [], False
-    for line in text.splitlines():
-        if FENCE.match(line):
-            fenced = not fenced
-            continue
-        lines.append("" if fenced else re.sub(r"`[^`]*`", "``", line))
-    return lines
-
-
-def code_spans(text: str) -> list[str]:
-    """The shell lines of a page: each line of its bash (or unnamed) fences, continuation lines joined, each
-    indented command line, and each inline code span of its prose, a span broken over lines joined again."""
-    found, fenced, shell, paragraph = [], False, False, []
-    for line in text.splitlines() + [""]:
-        if FENCE.match(line):
-            fenced, shell = not fenced, bool(not fenced and SHELL_FENCE.match(line))
-            continue
-        if fenced:
-            if shell and found and found[-1].endswith("\\"):
-                found[-1] = found[-1][:-1] + line
-            elif shell:
-                found.append(line)
-        elif re.match(r" {4,}(dvc|python|\.venv/bin/python) ", line):  # an indented code block's line
-            found.append(line.strip())
-        elif line.strip():
-            paragraph.append(line.strip())
-        else:
-            found += re.findall(r"`([^`]+)`", " ".join(paragraph))
-            paragraph = []
-    return found
-
-
-def commands(line: str) -> list[list[str]]:
-    """The `python -m` and `dvc` commands of a shell line, as argv lists from the word after python or dvc: the line
-    split at ``;``, ``&&``, ``||`` and ``|`` (a loop's ``do`` and leading ``NAME=value`` set-ups dropped), a
-    placeholder ``<experiment>`` kept as one word (``PLACEHOLDER``), usage brackets ``[--form FORM]`` opened."""
-    line = re.sub(r"<[^<>]*>", "PLACEHOLDER", line)
-    line = re.sub(r"\[(-[^\[\]]*)\]", r"\1", line)
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
-    lexer.whitespace_split = True
-    segments, words = [], []
-    try:
-        for word in lexer:
-            if word and set(word) <= set(";&|"):
-                segments.append(words)
-                words = []
-            else:
-                words.append(word)
-    except ValueError:  # an unclosed quote: a command is named, a line of prose is not one
-        return [["unparsed", line]] if re.search(r"python3? -m |\bdvc ", line) else []
-    found = []
-    for segment in [*segments, words]:
-        while segment and (segment[0] in ("do", "then", "time") or re.fullmatch(r"\w+=\S*|\$\w+", segment[0])):
-            segment = segment[1:]
-        if len(segment) > 2 and re.fullmatch(r"(\S*/)?python3?", segment[0]) and segment[1] == "-m":
-            found.append(["python", *segment[2:]])
-        elif len(segment) > 1 and re.fullmatch(r"(\S*/)?dvc", segment[0]):
-            found.append(segment)
-    return found
-
-
-def page_commands() -> list[tuple[str, list[str]]]:
-    """Every `python -m` and `dvc` command of the pages, with its page."""
-    return [(str(page.relative_to(ROOT)), argv) for page in PAGES
-            for line in code_spans(page.read_text()) for argv in commands(line)]
-
-
-class ParserFound(Exception):
-    """Raised in place of ``parse_args``: the command's parser, built by its own ``main``."""
-
-    def __init__(self, parser: argparse.ArgumentParser):
-        super().__init__()
-        self.parser = parser
-
-
-@functools.cache
-def command_parser(module: str) -> argparse.ArgumentParser | None:
-    """The argparse parser that ``python -m module`` builds, taken from its ``main()`` at the moment it would parse
-    (nothing after that runs), or None when the module parses no arguments."""
-    loaded = importlib.import_module(module)
-    if "parse_args" not in Path(loaded.__file__).read_text():
-        return None
-
-    def found(self, *args, **kwargs):
-        raise ParserFound(self)
-
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", found):
-        try:
-            loaded.main()
-        except ParserFound as parsed:
-            return parsed.parser
-    raise AssertionError(f"{module}: main() returned without parsing its arguments")
-
-
-class Refused(Exception):
-    """Raised in place of a parser's ``error``: its message."""
-
-
-def refuse(self, message, *args):
-    raise Refused(message)
-
-
-def parse_problem(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
-    """What ``parser`` says when it refuses ``argv``, else None. Missing operands are no problem: a page may name a
-    command (`dvc exp push`) without them."""
-    with contextlib.ExitStack() as stack:
-        for cls in {argparse.ArgumentParser, type(parser)}:  # DvcParser has its own error()
-            stack.enter_context(mock.patch.object(cls, "error", refuse))
-        try:
-            parser.parse_args(argv)
-        except Refused as refused:
-            message = str(refused)
-            flags = message.split(":")[0].removeprefix("argument ").split("/")
-            if message.startswith("the following arguments are required") or (
-                    message.endswith("expected one argument") and argv[-1] in flags):
-                return None  # `dvc exp push`, `dvc exp run -S`: the command or flag named, not given
-            return message
-    return None
-
-
-def unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
-    """The flags of an elided command (``--space … --report``) that its (sub)command's parser lacks, else None."""
-    for word in argv:  # into the subcommand a word names: dvc exp run
-        subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if subcommands and word in subcommands[0].choices:
-            parser = subcommands[0].choices[word]
-    unknown = [w.partition("=")[0] for w in argv if w.startswith("-") and len(w) > 1
-               and w.partition("=")[0] not in parser._option_string_actions]
-    return f"unknown flags {' '.join(unknown)}" if unknown else None
-
-
-def params_key_problem(setting: str) -> str | None:
-    """Why a `dvc exp run -S` value names no key of params.yaml (``train.lr=3e-5``, ``~data.files.test``), else
-    None. A key under a mapping that is empty or null in params.yaml (``data.files``) may be any."""
-    node: object = yaml.safe_load((ROOT / "params.yaml").read_text())
-    key = setting.lstrip("~+").partition("=")[0]  # ~ removes a key, + adds one to a mapping
-    for part in key.split("."):
-        if node is None or node == {}:
-            return None
-        if not isinstance(node, dict) or part not in node:
-            return f"-S {setting}: params.yaml has no {key}"
-        node = node[part]
-    return None
-
-
-def command_problems(argv: list[str]) -> list[str]:
-    """What is wrong with one command of the pages (``["python", "tools.tune", ...]`` or ``["dvc", ...]``). A shell
-    variable (``$seed``) or a usage word in capitals (``--soak N``) stands for a value; a command with an elided part
-    (``…``) is held to its flags only."""
-    from dvc.cli.parser import get_main_parser
-
-    if argv[0] == "unparsed":
-        return ["not a shell line (an unclosed quote)"]
-    elided = any(w in ("...", "…") for w in argv)
-    args = [re.sub(r"^(\$\{?\w+\}?|[A-Z][A-Z_]*)$", "1", w) for w in argv if w not in ("...", "…")]
-    if argv[0] == "dvc":
-        parser, args, problems = get_main_parser(), args[1:], [
-            params_key_problem(value) for flag, value in zip(argv, argv[1:])
-            if flag in ("-S", "--set-param") and "PLACEHOLDER" not in value]
-    else:
-        module, args, problems = args[1], args[2:], []
-        if "PLACEHOLDER" in module:  # python -m stages.<name>
-            return []
-        top = ROOT / module.split(".")[0]
-        if not (top / "__init__.py").exists():  # pytest, pip: another project's module and flags
-            return [] if importlib.util.find_spec(module.split(".")[0]) else [f"no module {module}"]
-        if importlib.util.find_spec(module) is None:
-            return [f"no module {module}"]
-        parser = command_parser(module)
-        if parser is None:
-            return [f"{module} takes no arguments"] if args else []
-    problems.append(unknown_flags(parser, args) if elided else parse_problem(parser, args))
-    return [p for p in problems if p]
 
 
 def slug(heading: str) -> str:
@@ -267,52 +87,56 @@ def test_every_command_of_the_pages_runs_as_written():
     assert not wrong, "\n".join(wrong)
 
 
-def test_a_quote_is_rewritten_from_its_file_with_the_pages_decimals():
-    page = ROOT / "docs" / "page.md"  # not written: quotes() reads the files the links name
-    evaluation = json.loads((ROOT / "metrics/eval.json").read_text())
-    text = ('F1 [0.1](../metrics/eval.json "/validation/f1"), [1,000](../metrics/train.json "/parameters"), '
-            '[0](../metrics/eval.json "/validation/nothing"), [0](../metrics/none.json "/a")')
-    rewritten, problems = results_block.quotes(page, text)
-    parameters = json.loads((ROOT / "metrics/train.json").read_text())["parameters"]
-    assert rewritten.startswith(f'F1 [{evaluation["validation"]["f1"]:.1f}](../metrics/eval.json "/validation/f1"), '
-                                f'[{parameters:,}](../metrics/train.json "/parameters")')
-    assert problems == [
-        'docs/page.md: [0](../metrics/eval.json "/validation/nothing"): metrics/eval.json has no /validation/nothing',
-        'docs/page.md: [0](../metrics/none.json "/a"): no file metrics/none.json']
+def test_commands_of_docstrings_and_help_texts_are_found():
+    found = {where for where, _ in page_commands()}
+    assert {"tools/summarize.py (docstring)", "tools/recipe.py (--help)", "benchmarks/load.py (docstring)",
+            "benchmarks/SERVE-LOAD.md"} <= found
+    assert docstring_lines("Run\n\n    dvc exp run -S a=1 \\\n        -S b=2   # note\n\nthen ``dvc exp show``.") == [
+        "dvc exp run -S a=1 -S b=2   # note", "dvc exp show"]
+    assert help_lines("--queue  dvc exp run --queue (then: dvc exp run --run-all), or `dvc exp show`") == [
+        "dvc exp show", "dvc exp run --queue", "dvc exp run --run-all"]
 
 
-def test_quotes_of_files_are_what_the_committed_files_give():
-    # Like the block: against the committed files, so that a `dvc repro` in the workspace breaks nothing.
-    rev = "HEAD" if results_block.read("params.yaml", "HEAD") is not None else None
-    stale = results_block.stale_quotes(rev)
-    assert not stale, "\n".join(stale) + "\nrun `python -m tools.results_block` and commit the pages"
+def test_the_recipe_help_names_every_recipe():
+    listed = help_text(ROOT / "tools" / "recipe.py")
+    assert all(recipe.stem in listed for recipe in (ROOT / "configs" / "tasks").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name == "README.md" and p.parent in (ROOT, ROOT / "benchmarks")
-                                  or p.parent.name == "docs" and str(p.relative_to(ROOT)) not in MEASURED],
-                         ids=lambda p: str(p.relative_to(ROOT)))
-def test_guides_link_to_measurements_instead_of_copying_them(page: Path):
-    text = results_block.QUOTE.sub("QUOTED", page.read_text())
-    copied = [f"line {n}: {line.strip()}" for n, line in enumerate(prose(text), 1) if MEASUREMENT.search(line)]
-    assert not copied, (f"{page.relative_to(ROOT)} states measurements: link to docs/results.md, or quote the file "
-                        "(tools/results_block.py)\n" + "\n".join(copied))
+def unwaited(argvs: list[list[str]]) -> list[str]:
+    """The commands that read experiments after ``dvc queue start`` (which returns at once) with nothing between that
+    waits for the queue (``dvc exp run --run-all``) or watches it (``dvc queue status``)."""
+    wrong, started = [], False
+    for argv in argvs:
+        line = shlex.join(argv).removeprefix("python ")
+        if line.startswith("dvc queue start"):
+            started = True
+        elif line.startswith(("dvc queue status", "dvc exp run --run-all")) or "--run-all" in argv:
+            started = False
+        elif started and line.startswith(READERS):
+            wrong.append(line)
+    return wrong
+
+
+def test_a_guide_waits_for_the_experiments_it_queued_before_it_reads_them():
+    assert unwaited([["dvc", "queue", "start"], ["python", "tools.summarize", "--match", "a"]]) == [
+        "tools.summarize --match a"]
+    assert not unwaited([["dvc", "queue", "start"], ["dvc", "queue", "status"], ["dvc", "exp", "show"]])
+    wrong = [f"{where}: {line}" for where, lines in texts()
+             for line in unwaited([argv for text in lines for argv in commands(text)])]
+    assert not wrong, "`dvc queue start` returns at once: wait with `dvc exp run --run-all`\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("report", REPORTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_report_names_the_command_that_wrote_it(report: Path):
+    # A benchmark's report is a result file, quoted by the pages: its first lines say which command wrote it.
+    head = "\n".join(report.read_text().splitlines()[:5])
+    assert f"python -m {results_block.REPORTS[str(report.relative_to(ROOT))]}" in head
 
 
 def test_pages_found():
     assert ROOT / "README.md" in PAGES and ROOT / "docs" / "results.md" in PAGES
     assert any("metrics" in p.parts for p in PAGES) and any("configs" in p.parts for p in PAGES)
-
-
-def test_results_block_is_what_the_committed_metrics_give():
-    # The committed page against the committed metrics: a `dvc repro` in the workspace rewrites the timings of
-    # metrics/*.json without making the repository's page wrong.
-    text = results_block.read("docs/results.md", "HEAD")
-    if text is None:  # not a git checkout: the working tree is what there is
-        assert results_block.main(["--check"]) == 0
-        return
-    start, end = results_block.current(text)
-    assert text[start:end] == results_block.block("HEAD"), \
-        "run `python -m tools.results_block` after committing new metrics, and commit docs/results.md"
+    assert all(report.exists() for report in REPORTS)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

@@ -114,18 +114,20 @@ def test_report_outside_a_repository_with_a_commit_is_one_line(tmp_path, monkeyp
     assert not (tmp_path / "report").exists()
 
 
-def test_results_block_without_metrics_leaves_the_page_alone(tmp_path, monkeypatch):
+def test_results_block_leaves_a_block_without_its_files_alone(tmp_path, monkeypatch, capsys):
     from tools import results_block
 
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
-    page.write_text(f"# Results\n\n{results_block.BEGIN}\n\nthe committed run\n\n{results_block.END}\n")
+    page.write_text("# Results\n\n<!-- generated: flagged ../metrics/export.json -->kept<!-- end generated -->\n"
+                    '[0.5](../metrics/eval.json "/validation/f1")\n')
     before = page.read_text()
-    monkeypatch.setattr(results_block, "ROOT", tmp_path)
-    monkeypatch.setattr(results_block, "PAGE", page)
-    with pytest.raises(SystemExit, match="none of metrics/train.json, .* is here .*; the block is left as it is"):
-        results_block.main([])
+    monkeypatch.setattr(results_block, "pages", lambda: [page])
+    assert results_block.main([]) == 1
     assert page.read_text() == before
+    assert capsys.readouterr().err.splitlines() == [
+        f"{page}: <!-- generated: flagged ../metrics/export.json -->: no file {tmp_path}/metrics/export.json",
+        f'{page}: [0.5](../metrics/eval.json "/validation/f1"): no file {tmp_path}/metrics/eval.json']
 
 
 def test_plots_png_without_plots_leaves_the_png_alone(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
-"""Render every plot that dvc.yaml declares, for the workspace, into one PNG grid (the README's docs/plots.png).
+"""Render every plot that dvc.yaml declares, for the workspace, into one PNG grid.
 
-Not a pipeline stage: a command for the docs, e.g. after a real run of the pipeline
+Not a pipeline stage: a command to look at a run's plots without a browser, e.g. after a real run of the pipeline
 
-    python -m tools.plots_png --out docs/plots.png
+    python -m tools.plots_png                       # dvc_plots/plots.png, beside dvc plots show's HTML
 
 The plots come from ``dvc plots show --json`` (the Vega-Lite specs that ``dvc plots show`` draws, data included),
 each rendered to SVG with vl-convert, laid out in a grid and rasterised to PNG: no browser needed.
@@ -56,7 +56,7 @@ def grid_svg(svgs: list[str], columns: int, gap: float = 16) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/plots.png"), help="the PNG to write")
+    parser.add_argument("--out", type=Path, default=Path("dvc_plots/plots.png"), help="the PNG to write")
     parser.add_argument("--columns", type=positive_int, default=2)
     parser.add_argument("--scale", type=positive_float, default=1.0, help="pixels per SVG unit")
     args = parser.parse_args(argv)

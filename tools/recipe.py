@@ -9,7 +9,7 @@ exactly the recipe, whatever ran before.
 
     python -m tools.recipe rte                              # print the command
     python -m tools.recipe rte --run                        # run it (seed of the recipe)
-    python -m tools.recipe rte --seeds 42 1 2 --queue --run # queue three seeds; then `dvc queue start`
+    python -m tools.recipe rte --seeds 42 1 2 --queue --run # queue three seeds; then `dvc exp run --run-all`
     python -m tools.recipe metrics/search/rte/recipe.yaml   # the best configuration of a search (tools.tune)
 
 Where each recipe came from: metrics/tasks/README.md, "Per-task recipes".
@@ -151,8 +151,9 @@ def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("task", help="a recipe in configs/tasks/ (rte, cola, stsb, sst2, wnli), or a recipe file "
-                        "(a search's metrics/search/<study>/recipe.yaml)")
+    parser.add_argument("task", help=f"a recipe in {RECIPES}/ "
+                        f"({', '.join(sorted(p.stem for p in RECIPES.glob('*.yaml')))}), or a recipe file (a search's "
+                        "metrics/search/<study>/recipe.yaml)")
     parser.add_argument("--seeds", type=int, nargs="+", help="one experiment per seed (default: the recipe's)")
     parser.add_argument("--queue", action="store_true", help="dvc exp run --queue (then: dvc exp run --run-all)")
     parser.add_argument("--name", help="experiment name (default <task>-recipe, -s<seed> per seed)")

@@ -4,7 +4,7 @@ Not a pipeline stage: a command to run after a sweep. Experiments are read with 
 `dvc exp show`); those whose params differ only in ``train.seed`` form one configuration.
 
     dvc exp run --queue -S 'train.seed=42,1,2' -S train.lr=1e-4 -S 'evaluate.splits=[validation]'
-    dvc queue start
+    dvc exp run --run-all   # runs the queue and returns when it is done
     python -m tools.summarize --match 'r3-*' --out metrics/sweeps/round-3.json --md metrics/sweeps/round-3.md
 """
 
@@ -27,9 +27,9 @@ log = logging.getLogger(__name__)
 
 # Params that never change a validation result, left out of the configuration (the seed is what varies within one).
 IGNORED_PARAMS = {"train.seed", "train.resume", "train.log_every", "train.num_threads", "evaluate.splits",
-                  # metrics, not params: train.json named its distillation block `distill` in issue 20's runs
-                  # (i20-a*). Names only train.json has come bare from `dvc exp show` (no `params.yaml:` prefix to
-                  # strip), so without these the per-seed losses would count as params and split each configuration.
+                  # metrics, not params: the train.json of the i20-a* runs named its distillation block `distill`.
+                  # Names only train.json has come bare from `dvc exp show` (no `params.yaml:` prefix to strip), so
+                  # without these the per-seed losses would count as params and split each configuration.
                   "distill.final_hard_loss", "distill.final_soft_loss", "distill.teacher_model_type"}
 # pruned: a search's pruner stopped the run (tools.tune); summarised as the share of the seeds pruned
 RUN_METRICS = ["best_epoch", "best_step", "epochs", "pruned", "train_seconds", "wall_seconds"]

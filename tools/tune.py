@@ -2,8 +2,8 @@
 
 Not a pipeline stage. Each trial samples a configuration from a search space (``tools.search_space``) and runs
 `dvc exp run --temp -n <study>-<n>` per seed, up to the evaluate stage, on validation only: trials show in
-`dvc exp show`, `dvc metrics diff`, `dvc exp apply/branch` and ``tools.summarize`` like any run, and, run in a
-temporary copy, see only what git tracks. The objective is the mean over ``--seeds`` of the validation metric that
+`dvc exp show`, `dvc metrics diff`, `dvc exp apply`, `dvc exp branch` and ``tools.summarize`` like any run, and, run
+in a temporary copy, see only what git tracks. The objective is the mean over ``--seeds`` of the validation metric that
 picks the best evaluation (``train.metric_for_best``: the task's main metric; loss and MSE minimised). A collapsed
 seed (the collapse check) fails the configuration. Optuna's TPE sampler proposes, its MedianPruner stops a trial whose
 first seed falls below the median of earlier trials at the same epoch (``finetune.train.trial``, the loop's one hook),
