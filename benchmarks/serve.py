@@ -4,9 +4,9 @@ against each served form of the export stage (finetune/export/make.py), on GLUE 
 Per model and way: batch 1 latency (p50 and p95 over the first ``--latency-pairs`` pairs, tokenizing included, in
 milliseconds) and batch 32 throughput (pairs/s over all 408 pairs, tokenizing included), with validation accuracy
 and F1 where the model is fine-tuned, and each way's ratio to ``pipeline()``. ``pipeline()`` takes the pairs in
-file order, as a user passes them; the forms go through ``finetune.inference.Predictor`` as ``tools.predict`` and
-``tools.serve`` do (batches sorted by length, so padding stays small), shown separately as ``pytorch fp32 (sorted)``
-so that the sorting's share is visible.
+file order, as a user passes them; the forms go through ``finetune.inference.predictor.Predictor`` as
+``tools.predict`` and ``tools.serve`` do (batches sorted by length, so padding stays small), shown separately as
+``pytorch fp32 (sorted)`` so that the sorting's share is visible.
 
 Per model, ``best at parity`` marks the fastest served way whose accuracy and F1 are within 0.3 points of PyTorch
 fp32 (an untrained head: whose predictions agree on at least 99 % of the pairs), at batch 1 and at batch 32.

@@ -29,7 +29,7 @@ def test_seeds_of_one_configuration_are_summarised_together():
 
 
 def test_the_old_distill_block_of_train_json_does_not_split_seeds():
-    # Issue 20's runs (i20-a*) wrote train.json's block as `distill`: dvc exp show gives the names only train.json has
+    # The i20-a* runs wrote train.json's block as `distill`: dvc exp show gives the names only train.json has
     # bare, like params; the colliding ones come as "params.yaml:distill.alpha" (kept) and "metrics/train.json:...".
     df = pd.DataFrame({"distill.alpha": [0.9, 0.9], "metrics/train.json:distill.alpha": [0.9, 0.9],
                        "distill.final_hard_loss": [0.31, 0.29], "distill.final_soft_loss": [0.05, 0.06],

@@ -37,7 +37,7 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
             form: str = PYTORCH, exported_dir: Path = Path("models/exported")) -> pd.DataFrame:
     """The rows of ``input_file`` with ``prediction`` (class name, or score for regression) and, for classification,
     ``probability_<name>`` per class, in the file's order, by the model of ``form``: ``pytorch`` (``model_dir``) or
-    a served form in ``exported_dir`` (``finetune.inference.Predictor``).
+    a served form in ``exported_dir`` (``finetune.inference.predictor.Predictor``).
 
     Texts are prepared as for training (``finetune.data.checks.clean_texts``: numbers become text; empty ones are
     refused). The file is read and checked before the model is loaded.

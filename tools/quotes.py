@@ -8,8 +8,9 @@ title says where in the file the value is:
 - an expression over such values, after ``=``: each ``{…}`` is a pointer or cell of the link's file, or
   ``{<path>#<pointer or cell>}`` of another file (paths relative to the page):
   ``[1.2](../benchmarks/SERVE-LOAD.md "= {@requests/s where server=engine, clients=32} / {…}")``. Python's arithmetic,
-  comparisons, ``x if c else y``, comprehensions, ``min max abs round len sum sorted zip mean std`` (sample std) and
-  ``like(text, pattern)`` (fnmatch); ``{}`` is the whole file (a JSON Lines or CSV file: its rows).
+  comparisons, ``x if c else y``, comprehensions, ``min max abs round len sum sorted zip mean std`` (sample std),
+  ``like(text, pattern)`` (fnmatch) and ``join(items, sep=", ")``; ``{}`` is the whole file (a JSON Lines or CSV
+  file: its rows).
 
 The page's text sets the format: a number is printed with the page's decimals and thousands separator (``0.826`` as
 ``0.8260`` where the page shows four decimals), a sign where the page shows one (``+0.0013``, ``−0.0044``); anything
@@ -37,7 +38,8 @@ NUMBER = re.compile(r"[−+-]?\d[\d,]*(\.\d+)?")
 OPERAND = re.compile(r"\{([^{}]*)\}")
 CELL = re.compile(r"@(.+?)(?: where (.*))?")
 FUNCTIONS = {"min": min, "max": max, "abs": abs, "round": round, "len": len, "sum": sum, "sorted": sorted, "zip": zip,
-             "mean": statistics.mean, "std": statistics.stdev, "like": fnmatch.fnmatch}
+             "mean": statistics.mean, "std": statistics.stdev, "like": fnmatch.fnmatch,
+             "join": lambda items, sep=", ": sep.join(str(i) for i in items)}
 EXPRESSION_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call, ast.Name,
                     ast.Load, ast.Store, ast.Constant, ast.List, ast.Tuple, ast.ListComp, ast.GeneratorExp,
                     ast.comprehension, ast.Subscript, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)

@@ -1,5 +1,6 @@
 """Serve a form of the fine-tuned model over HTTP on LitServe (docs/serving.md, "Serving over HTTP"): the engine
-batches concurrent requests, ``finetune.inference.Predictor`` scores each batch as ``tools.predict`` scores a file.
+batches concurrent requests, ``finetune.inference.predictor.Predictor`` scores each batch as ``tools.predict`` scores
+a file.
 
     python -m tools.serve                         # metrics/export.json's fastest_at_parity form, 127.0.0.1:8000
     python -m tools.serve --form onnx-fp32 --max-batch-size 32 --batch-timeout 0.001
