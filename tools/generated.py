@@ -200,9 +200,9 @@ def runs(page: Path, args: list[str], rev: str | None = None) -> str:
         rows.append([f"`{folder}/`", f"`{params['model']['checkpoint']}`", params["data"].get("config") or "own",
                      params["train"]["seed"], train.get("mixed_precision"),
                      f"`{train['device']}`" if train.get("device") else "not recorded", *scores,
-                     train.get("train_seconds"), committed(*files, rev=rev).removeprefix("committed ")])
+                     train.get("train_seconds"), committed(*files[1:], rev=rev).removeprefix("committed ")])
     return "\n".join(table(["run folder (`dvc exp run`, its params.yaml)", "checkpoint", "task", "seed", "precision",
-                            "CPU", "validation", "test", "train s", "committed"], rows))
+                            "CPU", "validation", "test", "train s", "train.json, eval.json committed"], rows))
 
 
 def seeds(page: Path, args: list[str], rev: str | None = None) -> str:
