@@ -20,6 +20,7 @@ Generators (``GENERATORS``):
   std over its seeds);
 - ``export FILE``: an export stage's export.json, one row per form, and the fastest at parity;
 - ``flagged FILE``: inline, the forms of an export.json flagged as losing more than ``export.max_metric_drop``;
+- ``best-at-parity FILE``: a ``benchmarks.serve`` report's best way at parity per model, at batch 1 and 32;
 - ``exp-run FILE N``: the ``dvc exp run`` that sets the params of configuration N of a ``tools.summarize`` JSON, as a
   bash block (``tests/test_docs.py`` runs its flags through DVC's parser and checks its keys against params.yaml).
 """
@@ -32,7 +33,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from tools.quotes import ROOT, QuoteError, data, named, read, relative
+from tools.quotes import ROOT, QuoteError, data, named, read, relative, tables
 
 BLOCK = re.compile(r"<!-- generated: ([\w-]+)((?: [^\s>]+)*) -->(.*?)<!-- end generated -->", re.S)
 EPOCH_LOG = "dvclive/train/epochs/plots/metrics/validation/{metric}.tsv"  # DVCLive's per-epoch validation metric
@@ -151,6 +152,25 @@ def export(page: Path, args: list[str], rev: str | None = None) -> str:
     return source(name, "dvc repro export", machine, rev) + "\n\n" + export_lines(name, contents)
 
 
+def best_at_parity(page: Path, args: list[str], rev: str | None = None) -> str:
+    """From a ``benchmarks.serve`` report: per model, the way best at parity at batch 1 and at batch 32, each with its
+    speed as a multiple of ``pipeline()``'s."""
+    name = relative(page, args[0])
+    text = data(name, rev)
+    rows = next(t for t in tables(text) if t and "best at parity" in t[0])
+    found = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        cells = [model]
+        for batch in ("1", "32"):
+            best = [r for r in rows if r["model"] == model and f"batch {batch}" in r["best at parity"]]
+            cells.append(f"{best[0]['way']}, {best[0][f'× pipeline (batch {batch})']}x" if best else "none")
+        found.append(cells)
+    command = re.search(r"`([^`]+)`", text).group(1)
+    return "\n".join([f"`{name}`: `{command}`; {committed(name, rev=rev)}.", "",
+                      *table(["model", "best at parity, batch 1 (× `pipeline()`)",
+                              "best at parity, batch 32 (× `pipeline()`)"], found)])
+
+
 def flagged(page: Path, args: list[str], rev: str | None = None) -> str:
     """The forms of an export.json with a warning, and the warning; or "none"."""
     contents = data(relative(page, args[0]), rev)
@@ -239,7 +259,7 @@ def exp_run(page: Path, args: list[str], rev: str | None = None) -> str:
 
 
 GENERATORS = {"committed-run": committed_run, "sweep": sweep, "runs": runs, "seeds": seeds, "export": export,
-              "flagged": flagged, "exp-run": exp_run}
+              "flagged": flagged, "exp-run": exp_run, "best-at-parity": best_at_parity}
 
 
 def blocks(page: Path, text: str, rev: str | None = None) -> tuple[str, list[str]]:
