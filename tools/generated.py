@@ -75,6 +75,11 @@ def source(name: str, command: str, machine: str | None, rev: str | None = None)
     return f"`{name}`: `{command}`, {where}; {committed(name, rev=rev)}."
 
 
+def precision(mixed_precision: str | None) -> str | None:
+    """``train.mixed_precision`` as a precision's name: ``no`` is fp32."""
+    return "fp32" if mixed_precision == "no" else mixed_precision
+
+
 def metric_names(split: dict) -> list[str]:
     """The task's metrics in a split's results, in the file's order."""
     return [k for k, v in split.items() if k not in NOT_METRICS and isinstance(v, (int, float))]
@@ -101,8 +106,9 @@ def committed_run(page: Path, args: list[str], rev: str | None = None) -> str:
         "",
         f"- **Checkpoint** `{checkpoint['requested']}` ({checkpoint['model_type']}, from {checkpoint['location']}); "
         f"**data** `{dataset['requested']}` `{dataset['config']}` (from {dataset['location']}).",
-        f"- **Machine and precision** {train['mixed_precision']} on `{train['device']}` ({numerics.get('vendor')} "
-        f"family {numerics.get('family')} model {numerics.get('model_number')}; matmul {numerics.get('matmul')}; "
+        f"- **Machine and precision** {precision(train['mixed_precision'])} on `{train['device']}` "
+        f"({numerics.get('vendor')} family {numerics.get('family')} model {numerics.get('model_number')}; "
+        f"matmul {numerics.get('matmul')}; "
         f"vector kernels {numerics.get('vector_kernels')}; torch {numerics.get('torch')}).",
         f"- **Training** {train['steps']} optimizer steps, {train['epochs']} epochs, best epoch {train['best_epoch']} "
         f"(validation {name} {metric(train[best])}); {train['train_seconds']} s of training "
@@ -218,7 +224,7 @@ def runs(page: Path, args: list[str], rev: str | None = None) -> str:
         scores = [" / ".join(f"{n} {metric(evaluation[s][n])}" for n in metric_names(evaluation[s])) or "—"
                   if s in evaluation else "—" for s in ("validation", "test")]
         rows.append([f"`{folder}/`", f"`{params['model']['checkpoint']}`", params["data"].get("config") or "own",
-                     params["train"]["seed"], train.get("mixed_precision"),
+                     params["train"]["seed"], precision(train.get("mixed_precision")),
                      f"`{train['device']}`" if train.get("device") else "not recorded", *scores,
                      train.get("train_seconds"), committed(*files[1:], rev=rev).removeprefix("committed ")])
     return "\n".join(table(["run folder (`dvc exp run`, its params.yaml)", "checkpoint", "task", "seed", "precision",
@@ -242,7 +248,7 @@ def seeds(page: Path, args: list[str], rev: str | None = None) -> str:
             std = statistics.stdev(values) if len(values) > 1 else None
             cells.append(spread({"mean": mean, "std": std}, digits))
         seeds = ", ".join(r["run"].rpartition("-")[2] for r in runs if re.search(r"-\d+$", r["run"])) or "—"
-        rows.append([configuration, seeds, *cells, " / ".join(sorted({f"{r.get('mixed_precision')} on "
+        rows.append([configuration, seeds, *cells, " / ".join(sorted({f"{precision(r.get('mixed_precision'))} on "
                                                                       f"`{r.get('device')}`" for r in runs}))])
     return "\n".join([f"`{name}`: {committed(name, rev=rev)}.", "",
                       *table(["configuration", "seeds", *columns, "precision and device"], rows)])
