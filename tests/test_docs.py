@@ -159,6 +159,9 @@ def test_relative_links_resolve(page: Path):
 
 HISTORY = re.compile(r"\b[Ii]ssue \d+|\blent\b|\bthis session\b|lab-2026-11")
 DOCUMENTED = PAGES + REPORTS + MODULES + [ROOT / "dvc.yaml", ROOT / "params.yaml"]  # pages, reports, code and comments
+YAMLS = sorted((ROOT / "configs").rglob("*.yaml"))
+CONFIGS = YAMLS + sorted((ROOT / "finetune").rglob("*.py")) + sorted((ROOT / "stages").glob("*.py"))  # name code too
+NAMED_PATH = re.compile(r"(?<![\w/.<-])((?:stages|finetune|tools|benchmarks|tests|configs|metrics|docs)/[\w./-]*\w)")
 
 
 @pytest.mark.parametrize("page", DOCUMENTED, ids=lambda p: str(p.relative_to(ROOT)))
@@ -186,7 +189,20 @@ def resolves(name: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("page", DOCUMENTED, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", DOCUMENTED + YAMLS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_dotted_name_of_the_project_exists(page: Path):
     names = set(re.findall(r"(?<![\w./-])((?:finetune|tools|benchmarks|stages)(?:\.[A-Za-z_]\w*)+)", page.read_text()))
     assert not [n for n in sorted(names) if not resolves(n)], f"{page.relative_to(ROOT)} names what does not exist"
+
+
+
+
+@pytest.mark.parametrize("page", DOCUMENTED + CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_named_exists(page: Path):
+    # finetune/ and stages/ too. A paragraph that names a commit may name the files that commit had; one that says a
+    # command writes a file may name the file before it exists.
+    missing = [path for paragraph in re.split(r"\n\s*\n", page.read_text())
+               if not re.search(r"\b[0-9a-f]{7}\b|[Ww]rites", paragraph)
+               for path in NAMED_PATH.findall(paragraph)
+               if not (ROOT / path).exists() and not (page.parent / path).exists()]
+    assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {sorted(set(missing))}"

@@ -40,8 +40,9 @@ BARE_CELL = re.compile(r"[−+-]?\d[\d,]*(?:\.\d+)?\s?(?:%|x|MB|ms|s)?(?:\s?[/±
 IDENTIFIERS = re.compile(r"arXiv:\d{4}\.\d{4,5}")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
-# A setting a page or help text states in words, the value it states, and where that value is set. tests/test_docs
-# checks each against its source, so a changed default fails the suite instead of leaving the words wrong.
+# A setting a page or help text states in words, the value it states, and where that value is set.
+# tests/test_doc_numbers.py checks each against its source, so a changed default fails the suite instead of leaving
+# the words wrong.
 SETTINGS = [
     # (file, the words, the source: "params.yaml:<key>" or "<module>:<expression>", the value the words state)
     ("benchmarks/serve.py", "0.3 points", "benchmarks.serve:PARITY_POINTS * 100", 0.3),
