@@ -171,8 +171,8 @@ def best_at_parity(page: Path, args: list[str], rev: str | None = None) -> str:
             best = [r for r in rows if r["model"] == model and f"batch {batch}" in r["best at parity"]]
             cells.append(f"{best[0]['way']}, {best[0][f'× pipeline (batch {batch})']}x" if best else "none")
         found.append(cells)
-    command = re.search(r"`([^`]+)`", text).group(1)
-    return "\n".join([f"`{name}`: `{command}`; {committed(name, rev=rev)}.", "",
+    header = next(line for line in text.splitlines() if line.startswith("`"))  # command, date, CPU
+    return "\n".join([f"`{name}`: {header.rstrip('.')}; {committed(name, rev=rev)}.", "",
                       *table(["model", "best at parity, batch 1 (× `pipeline()`)",
                               "best at parity, batch 32 (× `pipeline()`)"], found)])
 

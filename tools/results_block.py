@@ -1,6 +1,6 @@
 """Regenerate every number of the pages that comes from a file: each quote (``tools/quotes.py``) and each generated
-block (``tools/generated.py``) of README.md, docs/, benchmarks/ and the folders' READMEs, from the committed result
-files, so that no page drifts from them. docs/numbers.md says how a page quotes a file.
+block (``tools/generated.py``) of README.md, docs/, benchmarks/README.md and the folders' READMEs, from the committed
+result files, so that no page drifts from them. docs/numbers.md says how a page quotes a file.
 
     python -m tools.results_block           # rewrite every quote and generated block from the files
     python -m tools.results_block --check   # exit 1, naming each, on a stale quote or block, one that names nothing,
