@@ -10,7 +10,8 @@ from pathlib import Path
 
 from benchmarks.machine import checkpoint_shape
 from benchmarks.workspace import PRETRAINED_DIR, RAW_DIR
-from finetune.params import load_params, with_overrides
+from finetune.overrides import with_overrides
+from finetune.params import load_params
 from finetune.paths import Paths
 
 # The train params reported with each result (the speed settings and the recipe), as ``settings``.

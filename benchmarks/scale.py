@@ -36,7 +36,8 @@ from datasets import load_dataset
 from ruamel.yaml import YAML
 
 from finetune.hardware import cpu_model
-from finetune.params import load_params, with_overrides
+from finetune.overrides import with_overrides
+from finetune.params import load_params
 from finetune.runtime import markdown_table, write_json
 
 HERE = Path(__file__).parent

@@ -1,5 +1,6 @@
 """The benchmark's project way runs the stages themselves (tokenize, train, evaluate) with validated overrides, and
-a workspace left on another task is refused in one line."""
+a workspace left on another task is refused in one line; the load test's report takes each level's median over the
+rounds, and compares served with evaluated labels row by row within what the precisions allow."""
 
 from __future__ import annotations
 
@@ -102,19 +103,61 @@ def test_serve_base_of_another_task_is_refused_before_any_timing(tmp_path):
         fine_tuned(str(folder))
 
 
-def test_the_load_goals_compare_the_engine_with_the_baseline_and_the_bare_engine():
-    from benchmarks.load import goals_of
+def test_the_load_report_takes_each_levels_median_over_the_rounds_and_states_the_goals():
+    from benchmarks.load_agreement import Agreement
+    from benchmarks.load_report import goals, headline, medians
 
-    def row(server, clients, rate, p99):
-        return {"server": server, "clients": clients, "requests_per_s": rate, "p99_ms": p99}
+    def run(server, *levels):
+        return {"server": server, "levels": [{"clients": c, "requests_per_s": rate, "p50_ms": p99 / 2, "p99_ms": p99,
+                                              "errors": 0, "requests": 100, "accuracy": 0.8, "f1": 0.9,
+                                              "cpu": {"HTTP": rate / 100}}
+                                             for c, rate, p99 in levels]}
 
-    rows = [row("baseline", 32, 60.0, 900), row("bare", 1, 100.0, 10.0), row("bare", 32, 320.0, 120),
-            row("engine", 1, 95.0, 11.5), row("engine", 32, 300.0, 130)]
-    goals = goals_of(rows, {"errors": 0, "requests": 20000})
-    assert goals == {
-        "baseline 32": "32 clients: 5.00x the baseline's requests/s (goal 5x): met",
-        "bare 32": "32 clients: 0.94x the bare engine's requests/s (goal 0.9x): met",
-        "p99 1": "1 client: p99 11.5 ms, 1.15x the bare engine's 10.0 ms (goal at most 1.2x): met",
-        "soak": "soak: 0 errors in 20000 requests (goal 0): met"}
-    rows[-1]["requests_per_s"] = 250.0
-    assert goals_of(rows, None)["bare 32"].endswith("0.78x the bare engine's requests/s (goal 0.9x): missed")
+    runs = [run("engine", (1, 95.0, 11.5), (32, 300.0, 130)), run("bare", (1, 100.0, 12.0), (32, 320.0, 120)),
+            run("engine", (1, 90.0, 12.5), (32, 330.0, 140)), run("bare", (1, 99.0, 10.0), (32, 290.0, 125)),
+            run("engine", (1, 99.0, 11.0), (32, 310.0, 135)), run("bare", (1, 98.0, 13.0), (32, 300.0, 110)),
+            run("baseline", (1, 50.0, 20.0), (32, 62.0, 900))]
+    by = {server: medians(runs, server) for server in ("baseline", "bare", "engine")}
+    assert by["engine"][32]["requests_per_s"] == 310.0 and by["engine"][32]["each"] == [300.0, 330.0, 310.0]
+    assert by["engine"][32]["cpu"] == {"HTTP": 3.1} and by["engine"][32]["requests"] == 300
+    assert headline(by) == ["32 clients: 5.00x the baseline", "32 clients: 1.03x the bare engine",
+                            "1 client p99: tools.serve 11.5 ms, the bare engine 12.0 ms"]
+    assert goals(by, Agreement(408, 406, [3, 7], 0.01, allowed=2), {"errors": 0, "requests": 20000}) == [
+        "32 clients: at least 5x the baseline's requests/s: met",
+        "32 clients: at least 1x the bare engine's requests/s: met",
+        "1 client: a p99 at most the bare engine's: met",
+        "served as evaluated (at most 2 rows differ): met",
+        "soak: no error in 20000 requests: met"]
+    assert goals(by, Agreement(408, 407, [3], 1e-5, allowed=0), None)[-1] == (
+        "served as evaluated (every label the same): missed")
+
+
+def test_served_and_evaluated_labels_are_compared_row_by_row_within_what_the_precisions_allow():
+    import pandas as pd
+
+    from benchmarks.load_agreement import agreement, allowed_differences, served_precision
+
+    evaluated = pd.DataFrame({"idx": [10, 11, 12], "prediction": ["yes", "no", "yes"],
+                              "probability_no": [0.2, 0.7, 0.4], "probability_yes": [0.8, 0.3, 0.6]})
+    same = [{"label": "yes", "probabilities": {"no": 0.2, "yes": 0.8}},
+            {"label": "no", "probabilities": {"no": 0.70001, "yes": 0.29999}},
+            {"label": "yes", "probabilities": {"no": 0.4, "yes": 0.6}}]
+    result = agreement(same, evaluated)
+    assert (result.same, result.rows, result.differing, result.met) == (3, 3, [], True)
+    assert result.line() == "agreement with the evaluate stage's predictions: 3 / 3 rows"
+    assert result.max_probability_diff == pytest.approx(1e-5)
+    moved = [same[0], {"label": "yes", "probabilities": {"no": 0.49, "yes": 0.51}}, None]  # one moved, one unanswered
+    assert (agreement(moved, evaluated).differing, agreement(moved, evaluated).met) == ([11, 12], False)
+    assert agreement(moved, evaluated, allowed=2).met is True
+    with pytest.raises(ValueError, match="2 answers for 3 evaluated rows"):
+        agreement(same[:2], evaluated)
+
+    assert [served_precision(f, "cpu") for f in ("pytorch", "onnx-fp32", "onnx-int8", "openvino-bf16")] == [
+        "fp32", "fp32", "int8", "bf16"]
+    export = {"openvino-int8": {"validation": {"agreement": 0.9779}}}
+    assert allowed_differences("onnx-fp32", "fp32", "fp32", export, 408, 0)[0] == 0
+    allowed, why = allowed_differences("openvino-int8", "bf16", "int8", export, 408, 2)
+    assert allowed == 11 and why.startswith("evaluated in bf16 (metrics/train.json), served in int8 (openvino-int8): "
+                                            "at most 11 rows may differ: 9 rows where openvino-int8 differs")
+    assert allowed_differences("pytorch", "bf16", "fp32", export, 408, 2)[0] == 2
+    assert allowed_differences("onnx-int8", "fp32", "int8", export, 408, 0)[0] is None  # export.json gives nothing

@@ -33,7 +33,8 @@ from finetune.distill.teacher import save_teacher, teacher_logits
 from finetune.distill.transfer import make_transfer_set, neighbour_pairs
 from finetune.errors import DataError, ParamsError, TeacherError
 from finetune.modeling import load_classifier, load_finetuned
-from finetune.params import TransferParams, with_overrides
+from finetune.overrides import with_overrides
+from finetune.params import TransferParams
 from finetune.paths import Paths
 from finetune.tasks import glue_task, own_task
 from finetune.train.recipe import train

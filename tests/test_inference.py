@@ -78,7 +78,7 @@ ALLOWED = {
     "finetune/inference/runtimes.py": OPENERS,  # each form's runtime, which the core opens
     "finetune/modeling.py": {"load_finetuned"},  # defines it
     "finetune/export/registry.py": {"load_form"},  # defines it: a form's loader, for the bare reference server
-    "benchmarks/load.py": {"load_form"},  # BareAPI: the engine's bare ceiling, on purpose without the core
+    "benchmarks/load_bare.py": {"load_form"},  # BareAPI: the engine's bare ceiling, on purpose without the core
     "benchmarks/machine.py": {"InferenceSession"},  # an int8 matmul of its own, the machine's ceiling
     "finetune/data/batches.py": {"argsort"},  # length_order: the one sort by length
 }

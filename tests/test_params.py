@@ -236,7 +236,7 @@ def test_params_written_by_dvc_exp_run_are_read_as_yaml_1_2(tmp_path):
 
 
 def test_overrides_are_validated_like_params_yaml():
-    from finetune.params import with_overrides
+    from finetune.overrides import with_overrides
 
     params = load_params(REPO / "params.yaml")
     assert with_overrides(params, {"train": {"lr": 3e-5}}).train.lr == 3e-5

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from safetensors.torch import load_file
 
-from finetune.params import with_overrides
+from finetune.overrides import with_overrides
 from finetune.paths import Paths
 from finetune.runtime import write_json
 from finetune.train.recipe import train

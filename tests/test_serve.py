@@ -1,8 +1,8 @@
 """tools.serve on a tiny fine-tuned model, served in a subprocess on a free loopback port: its answers equal
-tools.predict's, each bad request gets its 4xx naming the field or limit and the server goes on answering, concurrent
-requests are batched by the engine, SIGTERM answers the requests in flight and exits 0, a model worker that dies is
-restarted while the requests it held get a 504, and a missing or incomplete model folder, a port in use or a bad flag
-stops start-up with one line."""
+tools.predict's and, row by row, the evaluate stage's predictions (benchmarks.load's check), each bad request gets its
+4xx naming the field or limit and the server goes on answering, concurrent requests are batched by the engine, SIGTERM
+answers the requests in flight and exits 0, a model worker that dies is restarted while the requests it held get a
+504, and a missing or incomplete model folder, a port in use or a bad flag stops start-up with one line."""
 
 from __future__ import annotations
 
@@ -23,7 +23,12 @@ import pandas as pd
 import psutil
 import pytest
 
-from tests.helpers import REPO, free_port, project_env, reset_accelerate
+from benchmarks import load_client
+from benchmarks.load_agreement import agreement
+from finetune.evaluate.predictions import evaluate_model
+from finetune.paths import Paths
+from finetune.tasks import Task
+from tests.helpers import REPO, free_port, project_env, reset_accelerate, tiny_params
 from tools.predict import predict
 from tools.serve import main as serve_main
 
@@ -118,6 +123,21 @@ def test_answers_equal_tools_predict_whatever_the_batching(server, model, tmp_pa
         for name in ("not_equivalent", "equivalent"):
             got = [a["probabilities"][name] for a in answers]
             assert got == pytest.approx(expected[f"probability_{name}"].tolist(), abs=1e-5)
+
+
+@pytest.mark.e2e
+def test_served_answers_equal_the_evaluate_stages_predictions_row_by_row(server, model, tmp_path):
+    # The evaluate stage on the served model, in a project beside the fixture's (fp32, as tiny_params train)
+    project = tmp_path / "project"
+    for name in ("data/raw", "data/tokenized", "models/trained"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).symlink_to(model.parents[1] / name)
+    evaluate_model(tiny_params(evaluate={"splits": ["validation"]}), Paths(project))
+    reset_accelerate()
+    rows = load_client.validation_rows(project, Task.load(model))
+    result = agreement(load_client.answers(server[0], rows), rows.evaluated)
+    assert (result.same, result.rows, result.differing, result.met) == (21, 21, [], True)
+    assert result.max_probability_diff <= 1e-5  # the same probabilities to 5 decimals, give or take the rounding
 
 
 @pytest.mark.e2e

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from finetune.card import training_table
 from finetune.errors import CheckpointError
 from finetune.train import recipe as training
+from finetune.train import resume
 from finetune.train.recipe import train
 from tests.helpers import interrupt_and_resume, reset_accelerate, squeeze, tiny_params
 
@@ -37,14 +38,14 @@ def scripted_validation(monkeypatch, values):
 
 def saved_models(monkeypatch) -> dict[int, dict]:
     """The weights of every model saved as the best so far, by the step it was saved at."""
-    save_model, saved = training.save_model, {}
+    save_model, saved = resume.save_model, {}
 
     def remember(accelerator, model, tokenizer, task, folder):
         weights = {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
         saved[len(saved)] = weights
         return save_model(accelerator, model, tokenizer, task, folder)
 
-    monkeypatch.setattr(training, "save_model", remember)
+    monkeypatch.setattr(resume, "save_model", remember)
     return saved
 
 

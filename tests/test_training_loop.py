@@ -14,6 +14,7 @@ import finetune.train.recipe as training
 from finetune.errors import ParamsError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task
+from finetune.train import resume
 from finetune.train.early_stopping import EarlyStopping
 from finetune.train.optimization import Schedule, make_optimizer, make_scheduler
 from finetune.train.recipe import train
@@ -156,9 +157,9 @@ def test_training_stops_early_and_keeps_the_best_epoch(tiny_project, monkeypatch
         saved[len(saved) + 1] = {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
         return save_model(accelerator, model, tokenizer, task, folder)
 
-    save_model = training.save_model
+    save_model = resume.save_model
     monkeypatch.setattr(training, "evaluate_split", scripted)
-    monkeypatch.setattr(training, "save_model", remember)
+    monkeypatch.setattr(resume, "save_model", remember)
     params = tiny_params(train={"epochs": 6, "keep_best": True, "early_stopping_patience": 2})
     paths = tiny_project(params=params)
     metrics = train(params, paths)

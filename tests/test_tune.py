@@ -49,8 +49,9 @@ from tests.helpers import (
 from tools import tune_report
 from tools.recipe import load_recipe
 from tools.search_space import load_space
-from tools.tune import FINISHED, connect, database_url, settle_study
+from tools.tune import FINISHED, settle_study
 from tools.tune import main as tune_main
+from tools.tune_storage import connect, database_url
 
 PARAMS = tiny_params().model_dump()
 COMMITTED = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -123,10 +124,10 @@ def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path, mo
 
 def test_workers_starting_together_on_a_new_database_all_connect(tmp_path, monkeypatch):
     # without the retry, most of 4 threads opening a new SQLite file at once fail with "table studies already exists"
-    import tools.tune
+    import tools.tune_storage
 
     real_sleep = time.sleep  # the retry's 1 to 2 s waits a tenth as long, ten times as many tries: the same window
-    monkeypatch.setattr(tools.tune, "time", SimpleNamespace(sleep=lambda s: real_sleep(s / 10)))
+    monkeypatch.setattr(tools.tune_storage, "time", SimpleNamespace(sleep=lambda s: real_sleep(s / 10)))
     errors = []
     for i in range(3):
         args = argparse.Namespace(storage=f"sqlite:///{tmp_path / f'new{i}.db'}", heartbeat=60, grace=180)
@@ -158,9 +159,9 @@ def test_a_plain_postgresql_url_opens_with_the_locked_driver(given, opened):
 
 
 def test_a_database_that_is_down_stops_with_one_line_and_the_local_study_stays(tmp_path, monkeypatch, caplog):
-    import tools.tune
+    import tools.tune_storage
 
-    monkeypatch.setattr(tools.tune, "time", SimpleNamespace(sleep=lambda s: None))  # connect's retries at once
+    monkeypatch.setattr(tools.tune_storage, "time", SimpleNamespace(sleep=lambda s: None))  # connect's retries at once
     monkeypatch.chdir(tmp_path)  # a project: params.yaml, the space, a local study and its report
     shutil.copy(REPO / "params.yaml", tmp_path)
     shutil.copytree(REPO / "configs", tmp_path / "configs")

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune.errors import ParamsError
-from finetune.params import PARAMS_FILE, validate_merged
+from finetune.overrides import validate_merged
+from finetune.params import PARAMS_FILE
 from finetune.runtime import read_yaml as read_any_yaml
 from finetune.runtime import yaml_reader
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from finetune.errors import ParamsError
-from finetune.params import PARAMS_FILE, validate_merged, validate_params
+from finetune.overrides import validate_merged
+from finetune.params import PARAMS_FILE, validate_params
 from finetune.runtime import read_yaml
 
 RANGE_FIELDS = {"low", "high", "log", "step"}

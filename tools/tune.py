@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -31,24 +30,23 @@ import time
 from pathlib import Path
 
 import optuna
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError
 
 from finetune.errors import ParamsError
 from finetune.params import PARAMS_FILE
 from finetune.tasks import GLUE_TASKS, LOWER_IS_BETTER, Task, glue_task
-from finetune.train.trial import make_pruner, open_storage, trial_env
+from finetune.train.trial import make_pruner, trial_env
 from tools.cli import non_negative_int, positive_float, positive_int
 from tools.recipe import check_seeds, flow, read_yaml
 from tools.search_space import SearchSpace, load_space, with_fixed
 from tools.tune_report import experiment_result, write_report
+from tools.tune_storage import database_url, open_study_storage, shown
 
 log = logging.getLogger("tools.tune")
 
 TUNE_DIR = Path(".tune")  # the default storage and the trials' logs; git-ignored
 REPORTS = Path("metrics/search")
 MAX_FAILURES_IN_A_ROW = 3
-CONNECT_TIMEOUT = 10  # seconds a PostgreSQL connection may take (database_url)
 BIN = Path(sys.executable).parent  # this environment's dvc, python and accelerate, activated or not
 
 
@@ -162,44 +160,6 @@ def duplicate_of(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
     return None
 
 
-def database_url(url: str) -> str:
-    """``url`` as the search opens it: a ``postgresql://`` URL without a driver gets psycopg 3, the tune extra's
-    (``postgresql+psycopg://``; SQLAlchemy's default, psycopg2, is not installed), and a ``connect_timeout`` of
-    ``CONNECT_TIMEOUT`` seconds unless it names one (libpq waits for an unreachable host as long as TCP does). Any
-    other URL is returned unchanged.
-
-    Raises:
-        sqlalchemy.exc.ArgumentError: not a database URL (the message does not repeat it: it may hold a password).
-    """
-    parsed = make_url(url)
-    if parsed.drivername != "postgresql":
-        return url
-    query = {"connect_timeout": str(CONNECT_TIMEOUT), **parsed.query}
-    return parsed.set(drivername="postgresql+psycopg", query=query).render_as_string(hide_password=False)
-
-
-def shown(url: str) -> str:
-    """``url`` with its password as ``***``, for messages and logs."""
-    return make_url(url).render_as_string(hide_password=True)
-
-
-def connect(args: argparse.Namespace, attempts: int = 5):
-    """``args.storage`` opened with the heartbeat. Workers started together on a new database race to create its
-    tables (SQLite: "table studies already exists" in all but one); the losers try again after a second or two.
-
-    Raises:
-        sqlalchemy.exc.SQLAlchemyError: the database still fails after ``attempts`` tries (a bad URL, no server).
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            return open_storage(args.storage, args.heartbeat, args.grace)
-        except SQLAlchemyError as err:
-            if attempt == attempts:
-                raise
-            log.info("Storage %s not ready (%s); trying again", shown(args.storage), type(err).__name__)
-            time.sleep(1 + random.random())
-
-
 def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
     """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none).
 
@@ -210,14 +170,7 @@ def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
             password hidden. Nothing else is opened or written, the default local study included. With
             ``args.report``, no such study in the storage.
     """
-    try:
-        storage = connect(args)
-    except SQLAlchemyError as err:
-        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-        raise SystemExit(f"tools.tune: cannot open the storage {shown(args.storage)}: {reason}") from None
-    except ImportError as err:
-        raise SystemExit(f"tools.tune: cannot open the storage {shown(args.storage)}: its driver is not installed "
-                         f"({err.__cause__ or err})") from None
+    storage = open_study_storage(args)
     sampler = optuna.samplers.TPESampler(n_startup_trials=args.random_trials, seed=args.sampler_seed)
     pruner = make_pruner(args.prune_after_trials, args.prune_from)
     if args.report:  # a report reads a study; it never makes one

@@ -6,7 +6,6 @@ with evaluations, early stopping, the kept model and checkpoints. The methods re
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import time
 from dataclasses import asdict, replace
@@ -21,16 +20,16 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from finetune.data.batches import make_collator, train_dataloader
 from finetune.distill.loss import Distillation, Teacher, load_teacher, with_teacher_logits
 from finetune.errors import ParamsError
-from finetune.evaluate.collapse import collapse_check, constant_baseline, end_of_run, note_evaluation
+from finetune.evaluate.collapse import constant_baseline
 from finetune.evaluate.evaluation import evaluate_split, load_metric
-from finetune.hardware import describe_device, numerics, resolve_mixed_precision
+from finetune.hardware import resolve_mixed_precision
 from finetune.inference.predictor import Predictor
 from finetune.modeling import load_classifier
 from finetune.params import Params
 from finetune.paths import Paths
-from finetune.runtime import atomic_dir, make_accelerator, peak_memory_mb, set_cpu_threads
-from finetune.tasks import Task, predictions_of
-from finetune.train import resume
+from finetune.runtime import atomic_dir, make_accelerator, set_cpu_threads
+from finetune.tasks import Task
+from finetune.train import report, resume
 from finetune.train.early_stopping import EarlyStopping
 from finetune.train.live import TrainLog
 from finetune.train.optimization import Schedule, make_optimizer, make_scheduler
@@ -41,26 +40,23 @@ log = logging.getLogger(__name__)
 
 def train(params: Params, paths: Paths) -> dict:
     """Fine-tune ``paths.pretrained`` on ``paths.tokenized``'s train split; returns metrics/train.json's content
-    (``FineTuneRecipe.final_metrics``). Reads ``pretrained``, ``tokenized``, ``teacher``; writes ``trained``,
+    (``finetune.train.report.train_metrics``). Reads ``pretrained``, ``tokenized``, ``teacher``; writes ``trained``,
     ``checkpoints``, ``train_logs``.
 
     Raises:
-        CheckpointError: ``paths.pretrained`` lacks config, weights or tokenizer, or has a head of another size; or
-            a checkpoint could not be written (the disk is full).
-        ParamsError: ``train.metric_for_best`` is not a metric of the data's task, ``train.warmup_steps`` is more than
-            the run's steps, or ``train.scheduler_kwargs`` does not fit ``train.scheduler``.
-        TeacherError: with ``distill.teacher``, the teacher's logits do not fit the task or the train split.
+        CheckpointError: a checkpoint could not be written (the disk is full); and what ``FineTuneRecipe.setup``
+            raises.
     """
     recipe = FineTuneRecipe(params, paths)
     recipe.setup()
     recipe.train()
-    return recipe.final_metrics()
+    return report.train_metrics(recipe)
 
 
 class FineTuneRecipe:
     """One fine-tuning run of ``params``: ``setup`` prepares it (fresh, or resumed with ``train.resume``), ``train``
-    runs its epochs, ``final_metrics`` gives metrics/train.json. Every process of an ``accelerate launch`` builds
-    one; only the main one writes files.
+    runs its epochs; ``finetune.train.report`` records and reports it (metrics/train.json: ``train_metrics``).
+    Every process of an ``accelerate launch`` builds one; only the main one writes files.
     """
 
     # set up by ``setup``
@@ -87,7 +83,6 @@ class FineTuneRecipe:
     # set by ``train``
     logs: TrainLog
     progress: tqdm
-    collapse: dict  # finetune.evaluate.collapse.end_of_run's verdict on the kept evaluation
 
     def __init__(self, params: Params, paths: Paths):
         self.params, self.paths, self.p = params, paths, params.train
@@ -106,8 +101,8 @@ class FineTuneRecipe:
         Raises:
             ParamsError: ``train.metric_for_best`` is not a metric of the task, ``train.warmup_steps`` is more than
                 the run's steps, or ``train.scheduler_kwargs`` does not fit ``train.scheduler`` (``make_scheduler``).
-            CheckpointError: ``paths.pretrained`` can't be loaded.
-            TeacherError: with ``distill.teacher``, data/teacher does not fit the task or the train split.
+            CheckpointError: ``paths.pretrained`` lacks config, weights or tokenizer, or has a head of another size.
+            TeacherError: with ``distill.teacher``, the teacher's logits do not fit the task or the train split.
         """
         p, paths = self.p, self.paths
         threads = set_cpu_threads(p.num_threads)
@@ -126,7 +121,7 @@ class FineTuneRecipe:
         train_rows = tokenized["train"] if teacher is None else with_teacher_logits(
             tokenized["train"], teacher, self.tokenizer, self.params.tokenize.max_length, self.task)
         self.setup_model(train_rows)
-        self.log_setup(threads)
+        report.log_setup(self, threads)
         self.distill = self.setup_distillation(teacher, len(train_rows))
         self.fingerprint = resume.run_fingerprint(self.params, paths, tokenized, self.accelerator.num_processes,
                                                   self.mixed_precision, distilling=teacher is not None)
@@ -156,27 +151,13 @@ class FineTuneRecipe:
         self.scheduler = make_scheduler(self.optimizer, p.scheduler, p.scheduler_kwargs, self.schedule, p.lr)
         self.accelerator.register_for_checkpointing(self.scheduler)
 
-    def log_setup(self, threads: int) -> None:
-        """One line for the run's length, processes, batches, precision, learning rate and schedule; ``threads``: the
-        CPU threads in use (``set_cpu_threads``)."""
-        p, schedule, accelerator = self.p, self.schedule, self.accelerator
-        log.info("Training up to %d optimizer steps (%d epochs of %d) on %d process(es) (%s), batch %d x %d "
-                 "accumulation, mixed precision %s, lr %g, %s schedule%s, %d warmup steps, %s head, %d CPU threads",
-                 schedule.total_steps, schedule.epochs, schedule.steps_per_epoch, accelerator.num_processes,
-                 accelerator.device, p.batch_size, p.gradient_accumulation_steps, self.mixed_precision, p.lr,
-                 p.scheduler, f" {p.scheduler_kwargs}" if p.scheduler_kwargs else "", schedule.warmup_steps,
-                 self.params.model.pooling, threads)
-
     def setup_distillation(self, teacher: Teacher | None, train_rows: int) -> Distillation | None:
         """The distillation loss on ``teacher``'s logits (``load_teacher``'s), logged; None without a teacher.
         ``train_rows``: rows of the train split, transfer pairs included."""
         if teacher is None:
             return None
+        report.log_distillation(self.params.distill, teacher, train_rows)
         d = self.params.distill
-        log.info("Distilling from %s (%s): loss = %g x hard + %g x soft, temperature %g%s", d.teacher,
-                 teacher.identity["model_type"], 1 - d.alpha, d.alpha, d.temperature,
-                 "" if teacher.transfer is None else f"; {len(teacher.transfer)} transfer pairs among the "
-                 f"{train_rows} train rows, their loss {d.transfer.weight:g} x soft")
         return Distillation(d.alpha, d.temperature, self.task.is_regression, teacher.identity, d.transfer.weight)
 
     def start_or_resume(self) -> tuple[resume.RunState, EarlyStopping]:
@@ -193,28 +174,20 @@ class FineTuneRecipe:
             return resume.RunState(self.fingerprint, stopping=asdict(stopping)), stopping
         state = resume.load_checkpoint(self.accelerator, checkpoint)
         self.resumed_from = state.step
-        into = state.step - state.epoch * self.schedule.steps_per_epoch
-        log.info("Resuming from step %d (epoch %d done%s) from %s", state.step, state.epoch,
-                 f", {into} steps into epoch {state.epoch + 1}" if into else "", checkpoint)
+        report.log_resume(state, self.schedule.steps_per_epoch, checkpoint)
         return state, replace(stopping, **state.stopping)  # a checkpoint from before the first evaluation may hold {}
 
     # --- train ---------------------------------------------------------------------------------------------------
 
     def train(self) -> None:
         """Run the epochs left until the last step, early stopping or a search's pruner; then copy the kept model
-        to ``paths.trained`` and judge it for collapse (``self.collapse``)."""
-        state, schedule, accelerator = self.state, self.schedule, self.accelerator
-        with TrainLog.open(self.paths.train_logs, accelerator.is_main_process, self.p.log_every,
-                           schedule.total_steps, self.unit) as self.logs:
-            self.logs.replay(state.losses, state.lrs, state.evaluations, state.loss_parts)
-            self.progress = tqdm(total=schedule.total_steps, initial=state.step, desc="train", unit="step",
-                                 disable=not accelerator.is_local_main_process)
+        to ``paths.trained``."""
+        state, schedule = self.state, self.schedule
+        with report.open_logs(self) as (self.logs, self.progress):
             while state.step < schedule.total_steps and not self.stopping.should_stop and not self.pruned:
                 self.train_epoch()
             self.progress.close()
             self.save_kept_model()
-        kept = self.kept_evaluation()
-        self.collapse = end_of_run(state.collapsed, len(state.evaluations), kept[self.unit], self.unit)
 
     def train_epoch(self) -> None:
         """Run (the rest of) epoch ``state.epoch + 1`` with its evaluations and checkpoints, until it ends or the run,
@@ -232,9 +205,7 @@ class FineTuneRecipe:
             # forward and backward; the optimizer steps on the last batch of each accumulation
             step_start = time.perf_counter()
             micro_losses.append(self.train_batch(batch, micro_parts))
-            state.samples += batch["labels"].shape[0] * accelerator.num_processes
-            state.real_tokens += int(batch["attention_mask"].sum())
-            state.padded_tokens += batch["attention_mask"].numel()
+            report.record_batch(state, batch, accelerator.num_processes)
             if not accelerator.sync_gradients:
                 continue
             # an optimizer step done: the schedule, the step's loss and learning rate, progress and logs
@@ -242,14 +213,8 @@ class FineTuneRecipe:
             state.step += 1
             if state.step == 1 and p.torch_compile:
                 self.compile_seconds = time.perf_counter() - step_start
-            state.losses.append(sum(micro_losses) / len(micro_losses))
-            state.lrs.append(self.scheduler.get_last_lr()[0])
-            for name, values in micro_parts.items():
-                state.loss_parts.setdefault(name, []).append(finite_mean(values))
+            report.record_step(self, epoch, micro_losses, micro_parts)
             micro_losses, micro_parts = [], {}
-            self.progress.update(1)
-            self.progress.set_postfix(epoch=epoch, loss=f"{state.losses[-1]:.4f}", lr=f"{state.lrs[-1]:.2e}")
-            self.logs.log_step(state.step, state.losses, state.lrs, state.loss_parts)
             state.train_seconds += time.perf_counter() - tick
             # the epoch's end; an evaluation (with its checkpoint) when due, else a checkpoint when due
             last = state.step == schedule.total_steps
@@ -301,41 +266,16 @@ class FineTuneRecipe:
         state, unit = self.state, self.unit
         validation, logits = evaluate_split(self.predictor, self.validation, load_metric(self.task),
                                             self.params.evaluate, desc="validation")
-        since = state.evaluations[-1]["step"] if state.evaluations else 0  # the steps since the previous evaluation
-        parts = {name: values[since:] for name, values in state.loss_parts.items()}  # distillation's
-        losses = state.losses[since:]
-        entry = {"epoch": math.ceil(state.step / self.schedule.steps_per_epoch), "step": state.step,
-                 "train/loss": sum(losses) / len(losses),
-                 **{name: finite_mean(values) for name, values in parts.items()},
-                 **{f"validation/{name}": value for name, value in validation.items()}}
+        entry = report.evaluation_entry(state, validation, self.schedule.steps_per_epoch)
         state.evaluations.append(entry)
         improved = self.stopping.update(validation[self.metric_for_best], entry["epoch"], state.step)
         state.stopping = asdict(self.stopping)
-        self.log_evaluation(entry, validation, improved)
-        report = collapse_check(self.task, validation, predictions_of(logits, self.task), self.baseline)
-        about = note_evaluation(entry[unit], self.task, validation, report, unit)
-        if about is not None:
-            state.collapsed[str(entry[unit])] = about
-        self.logs.log_evaluation(entry)
+        report.record_evaluation(self, entry, validation, logits, improved)
         pruned = [self.trial is not None and self.trial.report(validation, entry[unit])]  # a search's pruner
         self.pruned = broadcast_object_list(pruned)[0]
         if improved or not self.p.keep_best:
-            save_model(self.accelerator, self.model, self.tokenizer, self.task, self.paths.checkpoints / "best")
+            resume.save_model(self.accelerator, self.model, self.tokenizer, self.task, self.paths.checkpoints / "best")
         self.save_checkpoint()
-
-    def log_evaluation(self, entry: dict, validation: dict[str, float], improved: bool) -> None:
-        """One line for the evaluation ``entry``: where the run is, its train loss (and loss parts), the validation
-        metrics beside the constant baseline, and whether it is the best so far."""
-        state, main = self.state, self.task.metrics[0]
-        scores = ", ".join(f"{name} {value:.4f}" for name, value in validation.items())
-        where = (f"Epoch {state.epoch}/{self.schedule.epochs}" if self.unit == "epoch" else
-                 f"Step {state.step}/{self.schedule.total_steps} (epoch {entry['epoch']})")
-        parts = [name for name in entry if name in state.loss_parts]
-        log.info("%s: train loss %.4f%s | validation %s (constant baseline: %s %.4f)%s", where, entry["train/loss"],
-                 "".join(f", {name.removeprefix('train/').replace('_', ' ')} {entry[name]:.4f}" for name in parts),
-                 scores, main, self.baseline[main],
-                 f" | best {self.metric_for_best} so far" if improved else
-                 f" | no improvement for {self.stopping.bad_evaluations} evaluation(s)")
 
     # --- checkpoint ----------------------------------------------------------------------------------------------
 
@@ -350,99 +290,9 @@ class FineTuneRecipe:
 
     def save_kept_model(self) -> None:
         """Copy the kept evaluation's model (``paths.checkpoints/best``) to ``paths.trained``, atomically."""
-        state, stopping, unit = self.state, self.stopping, self.unit
-        if stopping.should_stop and state.step < self.schedule.total_steps:
-            log.info("Early stopping at step %d (epoch %d): %s did not improve for %d evaluations (best %.4f, %s %d)",
-                     state.step, math.ceil(state.step / self.schedule.steps_per_epoch), self.metric_for_best,
-                     stopping.bad_evaluations, stopping.best, unit,
-                     stopping.best_step if unit == "step" else stopping.best_epoch)
+        report.log_early_stopping(self)
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             with atomic_dir(self.paths.trained) as tmp:
                 shutil.copytree(self.paths.checkpoints / "best", tmp, dirs_exist_ok=True)
-            log.info("Saved the model of %s %d to %s", unit, self.kept_evaluation()[unit], self.paths.trained)
-
-    def kept_evaluation(self) -> dict:
-        """The entry of ``state.evaluations`` whose model is kept: the best with ``keep_best``, else the last."""
-        if self.p.keep_best:
-            return next(e for e in self.state.evaluations if e["step"] == self.stopping.best_step)
-        return self.state.evaluations[-1]
-
-    # --- metrics -------------------------------------------------------------------------------------------------
-
-    def final_metrics(self) -> dict:
-        """metrics/train.json of the finished run.
-
-        Returns:
-            Besides the self-named keys: ``final_loss`` (train loss since the evaluation before the last),
-            ``mean_loss`` (all steps), ``steps`` (optimizer steps), ``best_validation_<metric_for_best>`` (of the kept
-            evaluation), ``train_seconds`` (optimizer steps only), ``wall_seconds`` (since the recipe was made),
-            ``peak_memory_mb`` (peak RSS, MiB), ``padding_fraction`` (padding / all train tokens), ``collapse`` (the
-            collapse verdict); optional ``compile_seconds``, ``distillation`` (``distillation_metrics``),
-            ``peak_gpu_memory_mb`` (MiB).
-        """
-        wall_seconds = time.perf_counter() - self.start
-        state, kept, last = self.state, self.kept_evaluation(), self.state.evaluations[-1]
-        metrics = {
-            "final_loss": round(last["train/loss"], 4),
-            "mean_loss": round(sum(state.losses) / len(state.losses), 4),
-            "steps": state.step,
-            "epochs": math.ceil(state.step / self.schedule.steps_per_epoch),
-            "evaluations": len(state.evaluations),
-            "best_epoch": kept["epoch"],
-            "best_step": kept["step"],
-            f"best_validation_{self.metric_for_best}": round(kept[f"validation/{self.metric_for_best}"], 4),
-            "stopped_early": self.stopping.should_stop and state.step < self.schedule.total_steps,
-            "pruned": self.pruned,
-            "resumed_from_step": self.resumed_from,
-            "train_samples": state.samples,
-            "train_seconds": round(state.train_seconds, 1),
-            "samples_per_second": round(state.samples / state.train_seconds, 2),
-            "wall_seconds": round(wall_seconds, 1),
-            "peak_memory_mb": peak_memory_mb(),
-            "parameters": self.parameters,
-            "padding_fraction": round(1 - state.real_tokens / state.padded_tokens, 4),
-            "real_tokens": state.real_tokens,
-            "mixed_precision": self.mixed_precision,
-            "device": describe_device(self.accelerator.device),
-            "numerics": numerics(self.accelerator.device, self.mixed_precision),
-            "validation_baseline": self.baseline,
-            "collapse": self.collapse,
-        }
-        if self.compile_seconds is not None:
-            metrics["compile_seconds"] = round(self.compile_seconds, 1)
-        if self.distill is not None:
-            metrics["distillation"] = self.distillation_metrics(last)
-        if torch.cuda.is_available():
-            metrics["peak_gpu_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-        return metrics
-
-    def distillation_metrics(self, last: dict) -> dict:
-        """train.json's ``distillation`` (``last`` is the last evaluation); its ``transfer`` (``rows``, ``kind``,
-        ``weight``) is None without a transfer set."""
-        distill = self.distill
-        transfer = distill.teacher.get("transfer")  # teacher.json's record of the transfer set, or None
-        return {"teacher": distill.teacher["teacher"], "teacher_model_type": distill.teacher["model_type"],
-                "alpha": distill.alpha, "temperature": distill.temperature,
-                "final_hard_loss": round(last["train/hard_loss"], 4),
-                "final_soft_loss": round(last["train/soft_loss"], 4),
-                "transfer": transfer and {"rows": transfer["rows"], "kind": transfer["params"]["kind"],
-                                          "weight": distill.transfer_weight}}
-
-
-def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: Task,
-               folder) -> None:
-    """Save the unwrapped ``model``, ``tokenizer`` and ``task`` into ``folder`` atomically on the main process;
-    every process waits for it."""
-    if accelerator.is_main_process:
-        with atomic_dir(folder) as tmp:
-            accelerator.unwrap_model(model, keep_torch_compile=False).save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            task.save(tmp)
-    accelerator.wait_for_everyone()
-
-
-def finite_mean(values: list[float]) -> float:
-    """The mean of the non-NaN ``values``; NaN when none is (a batch of transfer rows alone has no hard loss)."""
-    kept = [v for v in values if not math.isnan(v)]
-    return sum(kept) / len(kept) if kept else math.nan
+            report.log_kept_model(self)

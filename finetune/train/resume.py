@@ -1,5 +1,6 @@
-"""Resuming an interrupted training run: its state (``RunState``), its fingerprint, and the ``step-N`` checkpoints
-(``accelerator.save_state`` plus trainer_state.json) saved, found and pruned.
+"""Resuming an interrupted training run: its state (``RunState``), its fingerprint, the ``step-N`` checkpoints
+(``accelerator.save_state`` plus trainer_state.json) saved, found and pruned, and the best model so far saved
+(``save_model``: ``checkpoints/best``, which a resumed run keeps).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
 from accelerate import Accelerator
 from datasets import DatasetDict
+from transformers import PreTrainedTokenizerBase
 
 from finetune.code import code_digest
 from finetune.errors import CheckpointError
 from finetune.params import Params
 from finetune.paths import Paths
-from finetune.runtime import sha256_file
+from finetune.runtime import atomic_dir, sha256_file
+from finetune.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +133,15 @@ def save_checkpoint(accelerator: Accelerator, checkpoints_dir: Path, state: RunS
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def save_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: Task,
+               folder) -> None:
+    """Save the unwrapped ``model``, ``tokenizer`` and ``task`` into ``folder`` atomically on the main process;
+    every process waits for it."""
+    if accelerator.is_main_process:
+        with atomic_dir(folder) as tmp:
+            accelerator.unwrap_model(model, keep_torch_compile=False).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            task.save(tmp)
+    accelerator.wait_for_everyone()
