@@ -17,7 +17,7 @@ project folder (default: here) whose models/finetuned, models/exported, data/pre
 metrics/ are read; the servers run this checkout's code.
 
     python -m benchmarks.load                                    # the served form (metrics/export.json)
-    python -m benchmarks.load --serve-args '--no-restart-workers'   # one of tools.serve's choices
+    python -m benchmarks.load --serve-args=--no-restart-workers     # one of tools.serve's choices
     python -m benchmarks.load --project ../mpnet --out benchmarks/SERVE-LOAD-MPNET.md   # another project's model
     python -m benchmarks.load --form pytorch --device cuda --rounds 1   # on the GPU (tools.serve in bf16)
 

@@ -189,8 +189,10 @@ def resolves(name: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("page", DOCUMENTED + YAMLS, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", [p for p in DOCUMENTED + YAMLS if p not in REPORTS],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_dotted_name_of_the_project_exists(page: Path):
+    # Not the reports: each names the code as it was when its command ran.
     names = set(re.findall(r"(?<![\w./-])((?:finetune|tools|benchmarks|stages)(?:\.[A-Za-z_]\w*)+)", page.read_text()))
     assert not [n for n in sorted(names) if not resolves(n)], f"{page.relative_to(ROOT)} names what does not exist"
 
