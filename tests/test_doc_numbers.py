@@ -43,7 +43,10 @@ def test_expressions_fields_and_signs():
     value = quotes.evaluate(page, "../metrics/train.json",
                             "= {/train_seconds} / {../metrics/bf16/train.json#/train_seconds}")
     assert value == train["train_seconds"] / json.loads((ROOT / "metrics/bf16/train.json").read_text())["train_seconds"]
-    assert quotes.evaluate(page, "../benchmarks/SERVE-LOAD.md", "@clients where server=engine, requests=15*") == 1
+    report = ("# A report\n\n| server | clients | requests/s |\n|---|---|---|\n| tools.serve | 1 | 117.6 |\n"
+              "| bare | 32 | 2.5x |\n")
+    assert quotes.field(report, "@requests/s where server=engine or tools.serve, clients=1") == 117.6
+    assert quotes.field(report, "@requests/s where server=ba*") == 2.5
     assert quotes.evaluate(page, "../metrics/sweeps/issue32-gpu/results.jsonl",
                            "= len([r for r in {} if like(r['run'], 'none-*')])") == 5
     assert quotes.evaluate(page, "../params.yaml", "/train/seed") == yaml.safe_load(

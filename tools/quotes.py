@@ -2,9 +2,10 @@
 title says where in the file the value is:
 
 - a JSON pointer (RFC 6901) into a JSON or YAML file: ``[0.8635](../metrics/eval.json "/validation/f1")``;
-- a field of a row, ``@<column> where <column>=<value>, …`` (values are fnmatch patterns): a cell of a Markdown
+- a field of a row, ``@<column> where <column>=<value>, …`` (values are fnmatch patterns, alternatives joined by
+  `` or ``): a cell of a Markdown
   table, or a field of a JSON Lines or CSV file's row:
-  ``[195.0](../benchmarks/SERVE-LOAD.md "@requests/s where server=engine, clients=32")``;
+  ``[117.6](../benchmarks/SERVE-LOAD.md "@requests/s where server=engine, clients=1")``;
 - an expression over such values, after ``=``: each ``{…}`` is a pointer or cell of the link's file, or
   ``{<path>#<pointer or cell>}`` of another file (paths relative to the page):
   ``[1.2](../benchmarks/SERVE-LOAD.md "= {@requests/s where server=engine, clients=32} / {…}")``. Python's arithmetic,
@@ -119,8 +120,9 @@ def number(cell: str):
 
 def field(source: str | list[dict], selector: str):
     """The field that ``selector`` (``@<column> where <column>=<value>, …``) names: in a Markdown text, the column of
-    the first row, in the first table that has it, whose cells match the conditions (fnmatch patterns: ``*batch 1*``),
-    as a number where the cell is one; in a list of rows (JSON Lines, CSV), the column of the first such row.
+    the first row, in the first table that has it, whose cells match the conditions (fnmatch patterns: ``*batch 1*``;
+    alternatives joined by `` or ``: ``engine or tools.serve``), as a number where the cell is one; in a list of rows
+    (JSON Lines, CSV), the column of the first such row.
 
     Raises:
         KeyError: no such table, row or column.
@@ -130,7 +132,8 @@ def field(source: str | list[dict], selector: str):
     wanted = {k.strip(): v.strip() for k, v in wanted.items()}
     for rows in tables(source) if isinstance(source, str) else [source]:
         for row in rows:
-            if column in row and all(fnmatch.fnmatchcase(str(row.get(k)), v) for k, v in wanted.items()):
+            if column in row and all(any(fnmatch.fnmatchcase(str(row.get(k)), pattern) for pattern in v.split(" or "))
+                                     for k, v in wanted.items()):
                 return number(row[column]) if isinstance(source, str) else row[column]
     raise KeyError(selector)
 
