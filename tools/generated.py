@@ -11,13 +11,10 @@ record them), and the date and commit that last changed the file (``git log``).
 
 Generators (``GENERATORS``):
 
-- ``committed-run``: the committed run from metrics/train.json, eval.json, export.json, provenance.json and DVCLive's
-  per-epoch validation log;
+- ``committed-run``: the committed run (metrics/*.json and DVCLive's per-epoch validation log);
 - ``sweep FILE``: a ``tools.summarize`` JSON, one row per configuration (mean ± std over its seeds);
-- ``runs FOLDER …``: run folders (an experiment's params.yaml, train.json, eval.json; ``metrics``: the committed
-  run), one row each;
-- ``seeds FILE``: a JSON Lines file of runs named ``<configuration>-<seed>``, one row per configuration (mean ±
-  std over its seeds);
+- ``runs FOLDER …``: run folders (params.yaml, train.json, eval.json; ``metrics``: the committed run), one row each;
+- ``seeds FILE``: JSON Lines of runs named ``<configuration>-<seed>``, one row per configuration (mean ± std);
 - ``export FILE``: an export stage's export.json, one row per form, and the fastest at parity;
 - ``flagged FILE``: inline, the forms of an export.json flagged as losing more than ``export.max_metric_drop``;
 - ``best-at-parity FILE``: a ``benchmarks.serve`` report's best way at parity per model, at batch 1 and 32;
