@@ -244,9 +244,9 @@ def model_card(params: Params, paths: Paths) -> ModelCard:
     provenance = read_json(paths.metrics / "provenance.json")
     dataset, checkpoint = provenance["dataset"], provenance["checkpoint"]
     lock_table, lock_note = lock_hashes(paths.root)
-    tokenizer_config = paths.trained / "tokenizer_config.json"
-    max_length = params.tokenize.max_length or (
-        json.loads(tokenizer_config.read_text()).get("model_max_length") if tokenizer_config.is_file() else None)
+    tokenizer_config = paths.trained / "tokenizer_config.json"  # the truncation training used: its model_max_length
+    max_length = (json.loads(tokenizer_config.read_text()).get("model_max_length") if tokenizer_config.is_file()
+                  else None) or params.tokenize.max_length
     question, source = GLUE_ABOUT.get(params.data.glue_task or "", (None, None))
     context = {
         "params": params, "task": task, "glue": params.data.glue_task, "question": question, "source": source,

@@ -35,3 +35,15 @@ class TeacherError(PipelineError, ValueError):
 class ExportError(PipelineError, RuntimeError):
     """A served form that can't be made, loaded or trusted (exporter, runtime, unknown or absent form, fp32 logits
     off PyTorch's); the message names the form and the folder or params key."""
+
+
+def field_error(error: dict, skip: int = 0) -> str:
+    """One error of pydantic's ``ValidationError.errors()`` as ``a.b[1].c: message``: the field's path (``loc``
+    without its first ``skip`` parts; ``<top level>`` where none is left) and pydantic's message without the
+    ``Value error, `` it puts before a validator's own. A validator's message that starts with ``[`` or ``.`` names a
+    field below the one it checked and goes on from its path (``inputs`` and ``[3].text_pair: missing``)."""
+    path = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"][skip:])
+    message = error["msg"].removeprefix("Value error, ")
+    if message.startswith(("[", ".")):
+        return f"{path}{message}".lstrip(".")
+    return f"{path.lstrip('.') or '<top level>'}: {message}"

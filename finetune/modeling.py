@@ -137,8 +137,7 @@ def load_classifier(checkpoint_dir: str | Path, task: Task, pooling: str = "cls"
         CheckpointError: the folder lacks config, weights or tokenizer (``check_checkpoint``), its model type has no
             encoder class, or a weight of the encoder is not in the checkpoint (it would start from random values).
     """
-    check_checkpoint(checkpoint_dir)
-    config = AutoConfig.from_pretrained(checkpoint_dir)
+    config = check_checkpoint(checkpoint_dir)
     head = {"num_labels": task.num_labels, "id2label": task.id2label,
             "label2id": {name: i for i, name in task.id2label.items()},
             "problem_type": "regression" if task.is_regression else "single_label_classification"}
@@ -168,8 +167,7 @@ def load_encoder(checkpoint_dir: str | Path) -> PreTrainedModel:
         CheckpointError: the folder lacks config, weights or tokenizer, its model type has no encoder class, or a
             weight of the encoder is not in the checkpoint.
     """
-    check_checkpoint(checkpoint_dir)
-    config = AutoConfig.from_pretrained(checkpoint_dir)
+    config = check_checkpoint(checkpoint_dir)
     if config.model_type == MeanPooledConfig.model_type:
         model, info = MeanPooledForSequenceClassification.from_pretrained(checkpoint_dir, output_loading_info=True)
     else:
@@ -195,14 +193,17 @@ def _check_encoder_loaded(model: PreTrainedModel, info: dict, checkpoint_dir: st
                               f"another shape, e.g. {encoder[:3]}; its weights do not fit its config.json")
 
 
-def load_finetuned(model_dir: str | Path) -> PreTrainedModel:
+def load_finetuned(model_dir: str | Path, config: PreTrainedConfig | None = None) -> PreTrainedModel:
     """A fine-tuned model saved by the train stage (either head: ``model.pooling`` cls or mean), for evaluation.
+
+    Args:
+        config: the folder's config, as ``check_checkpoint`` returned it; None: the folder is checked and its
+            config.json read here.
 
     Raises:
         CheckpointError: the folder lacks config, weights or tokenizer.
     """
-    check_checkpoint(model_dir)
-    return AutoModelForSequenceClassification.from_pretrained(model_dir)
+    return AutoModelForSequenceClassification.from_pretrained(model_dir, config=config or check_checkpoint(model_dir))
 
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -210,8 +211,9 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 
 
-def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> None:
-    """Check that a local checkpoint folder has a config, weights (``need_weights``) and a tokenizer.
+def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> PreTrainedConfig:
+    """Check that a local checkpoint folder has a config, weights (``need_weights``) and a tokenizer; return its
+    config, the one read of its config.json (pass it on to the loaders rather than reading the file again).
 
     Raises:
         CheckpointError: naming the folder and the missing files, or a config.json or safetensors file that can't be
@@ -227,19 +229,19 @@ def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> N
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"{folder}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
                               "save the tokenizer with the model (tokenizer.save_pretrained)")
-    _check_readable(folder)
+    return _check_readable(folder)
 
 
-def _check_readable(folder: Path) -> None:
+def _check_readable(folder: Path) -> PreTrainedConfig:
     """Check that the folder's config.json is a JSON object transformers reads and each safetensors file's header
-    covers the file (a copy or download cut short fails here; the tensors are not read).
+    covers the file (a copy or download cut short fails here; the tensors are not read); return the config.
 
     Raises:
         CheckpointError: naming the file and the reader's error, and what to do.
     """
     again = "the checkpoint is damaged: save or copy it again"
     try:
-        AutoConfig.from_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as err:
         raise CheckpointError(f"{folder / 'config.json'}: cannot be read ({' '.join(str(err).split())[:200]}); "
                               f"{again}") from None
@@ -249,3 +251,4 @@ def _check_readable(folder: Path) -> None:
                 pass
         except (SafetensorError, OSError) as err:
             raise CheckpointError(f"{file}: cannot be read ({err}); {again}") from None
+    return config

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
-from finetune.errors import ParamsError
+from finetune.errors import ParamsError, field_error
 from finetune.paths import OWN_DATA, inside, own_model_folder
 from finetune.runtime import read_yaml
 from finetune.tasks import GLUE_DATASETS, GLUE_TASKS
@@ -292,20 +292,19 @@ def validate_params(raw: Any, source: str) -> Params:
     """``raw`` (params.yaml's content as Python objects) as ``Params``.
 
     Raises:
-        ParamsError: one line per offending key: ``<source>: <key>: <what is wrong> (got <value>)``.
+        ParamsError: one line per offending key, ``<source>: <key>: <what is wrong> (got <value>)``, the key as
+            ``finetune.errors.field_error`` writes it (``evaluate.splits[0]``).
     """
     try:
         return Params.model_validate(raw if raw is not None else {})
     except ValidationError as err:
         lines = []
         for e in err.errors():
-            key = ".".join(str(part) for part in e["loc"]) or "<top level>"
             got = "" if e["type"] in ("missing", "value_error") else f" (got {e['input']!r})"
-            message = e["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
             if e["type"] == "string_type" and isinstance(e["input"], (int, float)):  # YAML reads 1, 1.0, true so
                 text = str(e["input"]).lower() if isinstance(e["input"], bool) else e["input"]
                 got += f"; quote it for the text: '{text}'"
-            lines.append(f"{source}: {key}: {message}{got}")
+            lines.append(f"{source}: {field_error(e)}{got}")
         raise ParamsError("\n".join(lines)) from None
 
 

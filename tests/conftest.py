@@ -92,14 +92,17 @@ def tiny_tokenized(tiny_raw, tokenizer, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_finetuned(tiny_raw, tiny_checkpoint, tmp_path_factory) -> Path:
-    """A tiny MRPC model fine-tuned for 2 steps (models/trained: weights, tokenizer, task.json); read it, don't
-    change it."""
+def tiny_finetuned(tiny_raw, tokenizer, tmp_path_factory) -> Path:
+    """A tiny MRPC model fine-tuned for 2 steps with ``tokenize.max_length`` 32 on the tiny data ``lengthened`` (every
+    other pair longer than that): models/trained (weights, tokenizer, task.json) of a project with its data/raw and
+    data/tokenized; read it, don't change it. Its checkpoint is the tiny BERT with ``initializer_range`` 0.2, wide
+    enough that its answers move with the text (a pair cut at 32 tokens is answered otherwise than whole)."""
     from finetune.train.recipe import train
-    from tests.helpers import make_project
+    from tests.helpers import lengthened, make_project
 
-    params = tiny_params(train={"max_steps": 2})
-    paths = make_project(tmp_path_factory.mktemp("finetuned"), params, tiny_raw, tiny_checkpoint)
+    checkpoint = make_checkpoint(tmp_path_factory.mktemp("tiny-bert-wide"), tokenizer, initializer_range=0.2)
+    params = tiny_params(train={"max_steps": 2}, tokenize={"max_length": 32})
+    paths = make_project(tmp_path_factory.mktemp("finetuned"), params, lengthened(tiny_raw), checkpoint)
     train(params, paths)
     reset_accelerate()
     return paths.trained

@@ -73,6 +73,18 @@ def make_split(n: int, seed: int, labeled: bool = True) -> Dataset:
     return Dataset.from_dict(rows, features=features)
 
 
+LONG_TAIL = ("and the statement was read out to reporters waiting outside the building late on Wednesday evening, "
+             "a spokesman said.")
+
+
+def lengthened(raw: DatasetDict) -> DatasetDict:
+    """``raw`` with ``LONG_TAIL`` added to the second text of every other row: those pairs run past 32 tokens."""
+    def longer(row: dict, i: int) -> dict:
+        return {"sentence2": f"{row['sentence2'][:-1]}, {LONG_TAIL}" if i % 2 else row["sentence2"]}
+
+    return DatasetDict({split: ds.map(longer, with_indices=True) for split, ds in raw.items()})
+
+
 def make_raw(train: int = 40, validation: int = 21, test: int = 19, seed: int = 0) -> DatasetDict:
     """A tiny MRPC-like dataset: splits of the given sizes."""
     return DatasetDict({"train": make_split(train, seed), "validation": make_split(validation, seed + 1),

@@ -5,6 +5,7 @@ temp project; the card loads with ``ModelCard.load`` and carries eval.json's num
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -76,6 +77,8 @@ def project(tiny_checkpoint, tmp_path):
 
 def test_the_card_carries_the_metrics_epochs_and_provenance_and_the_folder_still_loads(project, tiny_checkpoint):
     paths, params = project
+    tokenizer_config = paths.trained / "tokenizer_config.json"  # trained with a truncation of 48 tokens
+    tokenizer_config.write_text(json.dumps({**json.loads(tokenizer_config.read_text()), "model_max_length": 48}))
     write_model_folder(paths.trained, paths.finetuned, model_card(params, paths))
 
     card = ModelCard.load(paths.finetuned / "README.md")
@@ -96,6 +99,7 @@ def test_the_card_carries_the_metrics_epochs_and_provenance_and_the_folder_still
     assert "`cpu: AMD EPYC, 2 threads, avx512_bf16`, mixed precision `bf16`" in text
     assert "**Warning: the model looks collapsed on test**" in text
     assert "collapsed on validation" not in text
+    assert "Texts are truncated at 48 tokens (the pair together)" in text
     assert "{{" not in text and "{%" not in text  # the template is filled in
 
     # The folder is the model's, plus its card: pipeline() loads it and predicts a label name.

@@ -1,12 +1,14 @@
-"""The collate check passes on dynamic padding and names split, batch and rule on any violation."""
+"""The collate check passes on dynamic padding and names split, batch and rule on any violation; an evaluated split
+is checked in the batches evaluation scores it in."""
 
 import pytest
 import torch
 from datasets import load_from_disk
+from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding
 
-from finetune.data.batches import eval_dataloader, make_collator, train_dataloader
-from finetune.data.collate_check import check_batch, check_forward, check_split
+from finetune.data.batches import TokenRows, make_collator, scoring_batches, train_dataloader
+from finetune.data.collate_check import check_batch, check_forward, check_labels, check_split
 from finetune.errors import CollateError
 from finetune.modeling import load_classifier
 from finetune.tasks import glue_task, own_task
@@ -27,13 +29,27 @@ def test_every_batch_of_every_split_passes(tokenized, tokenizer):
     assert report["first_batch_shapes"]["labels"] == [8]
     assert report["first_batch_shapes"]["input_ids"] == report["first_batch_shapes"]["attention_mask"]
     assert 0 < report["padding_fraction"] < 1
-    report = check_split(eval_dataloader(tokenized["validation"], collator, 8), tokenizer, "validation", MRPC,
-                         labeled=True)
+    report = check_split(scoring_batches(TokenRows(tokenized["validation"]), tokenizer, 8), tokenizer, "validation",
+                         MRPC, labeled=False)
     assert report["batches"] == 3  # 21 examples: 8 + 8 + 5
 
 
+def test_an_evaluated_split_is_checked_in_the_batches_evaluation_scores(tokenized, tokenizer):
+    rows = TokenRows(tokenized["validation"])
+    by_length = check_split(scoring_batches(rows, tokenizer, 8), tokenizer, "validation", MRPC, labeled=False)
+    in_order = check_split(scoring_batches(rows, tokenizer, 8, sort_by_length=False), tokenizer, "validation", MRPC,
+                           labeled=False)
+    first, real_rows = next(iter(scoring_batches(rows, tokenizer, 8)))  # what Predictor.logits runs first
+    assert by_length["first_batch_shapes"] == {k: list(v.shape) for k, v in first.items()} and real_rows == 8
+    assert set(by_length["first_batch_shapes"]) == set(tokenizer.model_input_names)  # no labels: read beside
+    assert by_length["padding_fraction"] < in_order["padding_fraction"]  # sorted by length, as evaluation runs
+    check_labels(torch.tensor(tokenized["validation"]["labels"]), "split=validation", MRPC)
+    with pytest.raises(CollateError, match=r"^split=validation rule=labels: labels \[0, 1, 2\] \(torch.int64\) not"):
+        check_labels(torch.tensor([0, 1, 2]), "split=validation", MRPC)
+
+
 def _first_batch(tokenized, collator):
-    return next(iter(eval_dataloader(tokenized["validation"], collator, 8)))
+    return next(iter(DataLoader(tokenized["validation"], batch_size=8, collate_fn=collator)))
 
 
 def test_fixed_length_padding_breaks_the_dynamic_padding_rule(tokenized, tokenizer):

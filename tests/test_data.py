@@ -108,9 +108,9 @@ def test_evaluation_batches_leave_the_global_rng_alone(tiny_tokenized, tokenizer
     # Validation between epochs must not shift the dropout masks of the following epochs.
     from datasets import load_from_disk
 
-    from finetune.data.batches import eval_dataloader
+    from finetune.data.batches import TokenRows, scoring_batches
 
-    loader = eval_dataloader(load_from_disk(str(tiny_tokenized))["validation"], make_collator(tokenizer), 8)
+    loader = scoring_batches(TokenRows(load_from_disk(str(tiny_tokenized))["validation"]), tokenizer, 8)
     state = torch.get_rng_state()
     for _ in range(2):
         list(loader)

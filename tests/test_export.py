@@ -20,7 +20,7 @@ from finetune.errors import ExportError, ParamsError
 from finetune.export import make as export
 from finetune.export.forms import export_forms
 from finetune.export.make import export_onnx, module_of, quantize_int8
-from finetune.export.registry import FORMS, Form, Need, check_forms, form_folder, load_form, register
+from finetune.export.registry import FORMS, Form, Need, check_forms, form_folder, load_form, open_form, register
 from finetune.inference.runtimes import OnnxClassifier
 from finetune.modeling import load_classifier, load_finetuned
 from finetune.paths import Paths
@@ -219,7 +219,7 @@ def test_bad_forms_and_missing_onnxruntime_say_what_to_do(finetuned, monkeypatch
 
 
 def test_export_params_are_checked():
-    unknown = r"^params.yaml: export.forms.1: Input should be 'onnx-fp32', .* \(got 'onnx'\)$"
+    unknown = r"^params.yaml: export.forms\[1\]: Input should be 'onnx-fp32', .* \(got 'onnx'\)$"
     with pytest.raises(ParamsError, match=unknown):
         check_forms(["onnx-int8", "onnx"])
     with pytest.raises(ParamsError, match=r"export.forms: 'onnx-int8' is listed twice; list each once"):
@@ -288,6 +288,9 @@ def test_openvino_forms_agree_with_pytorch_and_calibrate_on_train_rows_only(fine
         if form == "openvino-fp32":
             assert agreeing.all()
             assert (served["probability_equivalent"] - pytorch["probability_equivalent"]).abs().max() <= 2e-5
+    hinted = open_form(paths.exported / "openvino-fp32", "openvino-fp32",  # tools.serve --openvino-hint THROUGHPUT
+                       load_options={"performance_hint": "THROUGHPUT"})
+    assert str(hinted.model.compiled.get_property("PERFORMANCE_HINT")) == "THROUGHPUT"
     assert openvino_forms.openvino_missing() is None
 
 
@@ -349,7 +352,7 @@ def test_a_registered_form_is_validated_made_checked_and_predicts(finetuned, reg
 
     _, paths = finetuned
     forms = ["torch-fp32", "onnx-copy", "needs-a-package"]
-    unknown = r"export.forms.0: Input should be .* or 'openvino-int8' \(got 'torch-fp32'\)"
+    unknown = r"export.forms\[0\]: Input should be .* or 'openvino-int8' \(got 'torch-fp32'\)"
     params = tiny_params(export={"forms": forms})
     with pytest.raises(ParamsError, match=unknown):  # the export stage checks the names
         export_forms(params, paths)

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
+from finetune.data.batches import row_buckets
 from finetune.errors import CheckpointError
-from finetune.inference.predictor import Predictor, answers, row_buckets, with_predictions
+from finetune.inference.predictor import Predictor, answers, with_predictions
 from finetune.tasks import glue_task, own_task
 from tests.helpers import REPO
 
@@ -37,6 +38,17 @@ def test_logits_come_back_in_row_order_whatever_the_batching(predictor):
     assert set(encoded) >= {"input_ids", "attention_mask"} and len(encoded["input_ids"]) == len(PAIRS)
     assert torch.allclose(predictor.logits(encoded, batch_size=2), alone, atol=1e-5)
     assert predictor.logits([], batch_size=2).shape == (0, predictor.task.num_labels)
+
+
+def test_opening_a_folder_reads_its_config_once(tiny_finetuned, monkeypatch):
+    from transformers import PretrainedConfig
+
+    reads, read = [], PretrainedConfig._dict_from_json_file.__func__
+    monkeypatch.setattr(PretrainedConfig, "_dict_from_json_file",
+                        classmethod(lambda cls, file: reads.append(Path(file).name) or read(cls, file)))
+    predictor = Predictor.open(tiny_finetuned)
+    assert reads == ["config.json"]
+    assert predictor.max_length == 32  # the truncation it was trained with, carried by its tokenizer
 
 
 def test_rows_are_filled_up_to_few_batch_sizes():

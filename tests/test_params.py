@@ -175,7 +175,7 @@ BAD = [
     ({"data.positive_label": 1},
      "data.positive_label: Input should be a valid string (got 1); quote it for the text: '1'"),
     ({"evaluate.splits": ["train"]},
-     "evaluate.splits.0: Input should be 'validation', 'test', 'validation_mismatched' or 'test_mismatched'"),
+     "evaluate.splits[0]: Input should be 'validation', 'test', 'validation_mismatched' or 'test_mismatched'"),
     ({"data.max_samples": 0}, "data.max_samples: Input should be greater than or equal to 1"),
     ({"model.checkpoint": ""}, "model.checkpoint: String should have at least 1 character"),
     ({"model.pooling": "max"}, "model.pooling: Input should be 'cls' or 'mean' (got 'max')"),

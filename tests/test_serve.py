@@ -1,8 +1,9 @@
 """tools.serve on a tiny fine-tuned model, served in a subprocess on a free loopback port: its answers equal
-tools.predict's and, row by row, the evaluate stage's predictions (benchmarks.load's check), each bad request gets its
-4xx naming the field or limit and the server goes on answering, concurrent requests are batched by the engine, SIGTERM
-answers the requests in flight and exits 0, a model worker that dies is restarted while the requests it held get a
-504, and a missing or incomplete model folder, a port in use or a bad flag stops start-up with one line."""
+tools.predict's and, truncated where the model was trained, the evaluate stage's, row by row (benchmarks.load's
+check); each bad request gets its 4xx naming the field or limit, the requests batched with it get their answers, and
+the server goes on answering; concurrent requests are batched by the engine, SIGTERM answers the requests in flight
+and exits 0, a model worker that dies is restarted while the requests it held get a 504, and a missing or incomplete
+model folder, a port in use or a bad flag stops start-up with one line."""
 
 from __future__ import annotations
 
@@ -26,15 +27,18 @@ import pytest
 from benchmarks import load_client
 from benchmarks.load_agreement import agreement
 from finetune.evaluate.predictions import evaluate_model
+from finetune.export.registry import open_form
 from finetune.paths import Paths
 from finetune.tasks import Task
 from tests.helpers import REPO, free_port, project_env, reset_accelerate, tiny_params
 from tools.predict import predict
 from tools.serve import main as serve_main
+from tools.serve_api import FormAPI, PredictRequest
 
 PAIRS = [("The cat sat on the mat.", "A cat was sitting on the mat."),
          ("Shares fell sharply on Monday.", "The court rejected the appeal."), ("He won.", "He lost.")]
 LIMITS = ["--max-examples", "4", "--max-body-bytes", "20000"]
+ROUNDING = 1.01e-5  # one step of the 5 decimals answers are rounded to
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +76,10 @@ def wait_ready(port: int, process: subprocess.Popen, seconds: float = 120) -> bo
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
     """``(port, process, log file)`` of the server of ``model`` (pytorch form), batching up to 8 requests for up
-    to 0.2 s, at debug level (it logs each batch's size)."""
+    to 0.2 s, at debug level (it logs each batch's size), one model worker of one CPU thread, not restarted."""
     log = tmp_path_factory.mktemp("log") / "serve.log"
     port, process = start_server(model, log, "--max-batch-size", 8, "--batch-timeout", 0.2, "--log-level", "debug",
-                                 *LIMITS)
+                                 "--num-threads", 1, "--no-restart-workers", *LIMITS)
     yield port, process, log
     stop(process)
 
@@ -125,15 +129,90 @@ def test_answers_equal_tools_predict_whatever_the_batching(server, model, tmp_pa
             assert got == pytest.approx(expected[f"probability_{name}"].tolist(), abs=1e-5)
 
 
+def evaluated(model: Path, folder: Path) -> pd.DataFrame:
+    """The evaluate stage's data/predictions/validation.csv of ``model`` (a tiny project's models/trained), written
+    in a project at ``folder`` that links that project's data and model."""
+    source, paths = Paths(model.parents[1]), Paths(folder)
+    for link, target in ((paths.raw, source.raw), (paths.tokenized, source.tokenized), (paths.trained, model)):
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+    evaluate_model(tiny_params(evaluate={"splits": ["validation"]}), paths)
+    reset_accelerate()
+    return pd.read_csv(paths.predictions / "validation.csv")
+
+
+@pytest.mark.e2e
+def test_served_and_predicted_answers_truncate_where_the_model_was_evaluated(server, model, tmp_path):
+    # the model was trained and evaluated with tokenize.max_length 32, every other pair longer than that
+    from transformers import AutoTokenizer
+
+    port, _, _ = server
+    expected = evaluated(model, tmp_path / "project")
+    pairs = list(zip(expected["sentence1"], expected["sentence2"]))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    lengths = [len(ids) for ids in tokenizer(*map(list, zip(*pairs)))["input_ids"]]
+    assert tokenizer.model_max_length == 32 and sum(n > 32 for n in lengths) >= 5, lengths  # the folder carries it
+    file = tmp_path / "validation.csv"
+    expected[["sentence1", "sentence2"]].to_csv(file, index=False)
+    predicted = predict(file, model)
+    with ThreadPoolExecutor(4) as pool:  # requests of up to 4 examples (--max-examples), batched by the engine
+        answers = list(pool.map(lambda i: post(port, {"inputs": as_inputs(pairs[i:i + 4])}), range(0, len(pairs), 4)))
+    assert {status for status, _ in answers} == {200}, answers
+    served = pd.DataFrame([{"prediction": a["label"], **{f"probability_{k}": p for k, p in a["probabilities"].items()}}
+                           for _, answer in answers for a in answer["predictions"]])
+    columns = ["probability_not_equivalent", "probability_equivalent"]
+    for got in (predicted, served):
+        assert got["prediction"].tolist() == expected["prediction"].tolist()
+        assert got[columns].to_numpy() == pytest.approx(expected[columns].to_numpy(), abs=ROUNDING)
+    long = [i for i, n in enumerate(lengths) if n > 32]  # where truncation matters: at 512 tokens they differ
+    untruncated = predict(file, model, max_length=512)
+    assert (untruncated.loc[long, columns] - expected.loc[long, columns]).abs().to_numpy().max() > 0.01
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=10) as answer:
+        settings = json.loads(answer.read())["model"]
+    assert {k: settings[k] for k in ("max_length", "num_threads", "workers_per_device", "restart_workers")} == {
+        "max_length": 32, "num_threads": 1, "workers_per_device": 1, "restart_workers": False}
+
+
+@pytest.mark.e2e
+def test_a_text_the_tokenizer_cant_take_is_a_422_and_its_batch_neighbours_are_answered(server):
+    port, _, _ = server
+    bad = {"inputs": {"text": "lone \ud83d surrogate", "text_pair": "A dog."}}  # valid JSON: "lone \ud83d ..."
+    with ThreadPoolExecutor(4) as pool:  # within one --batch-timeout (0.2 s)
+        answers = list(pool.map(lambda i: post(port, bad if i == 1 else {"inputs": as_inputs([PAIRS[i % 3]])}),
+                                range(4)))
+    assert answers[1] == (422, {"error": "inputs[0].text: not valid Unicode text (surrogates not allowed: "
+                                         "'\\ud83d' at character 5)"}), answers[1]
+    assert [status for i, (status, answer) in enumerate(answers) if i != 1 and answer["predictions"]] == [200] * 3
+
+
+def test_a_request_the_model_fails_on_gets_its_error_and_the_others_their_answers(model, monkeypatch):
+    api = FormAPI("pytorch", model, {}, pad_multiple=16, fill_rows=False, log_level="info", max_batch_size=8)
+    api.predictor = open_form(model)
+    good = api.decode_request(PredictRequest(inputs=as_inputs(PAIRS[:2])))
+    past_the_check = [("A cat.", "A dog."), ("A cat.", "lone \ud83d surrogate")]  # what the HTTP process refuses
+    outputs = [api.encode_response(o) for o in api.unbatch(api.predict(api.batch([good, past_the_check, good])))]
+    assert outputs[0] == outputs[2] == {"predictions": api.score([good])[0]}
+    assert outputs[1].status_code == 422
+    assert json.loads(outputs[1].body)["error"].startswith("inputs[1].text_pair: the tokenizer can't take this text (")
+    logits = api.predictor.logits
+
+    def failing(rows, **options):  # a model that fails on one request's valid texts: a 500 for that one alone
+        if ("Boom.", "Boom.") in rows:
+            raise RuntimeError("out of memory")
+        return logits(rows, **options)
+
+    monkeypatch.setattr(api.predictor, "logits", failing)
+    outputs = [api.encode_response(o) for o in api.predict([good, [("Boom.", "Boom.")]])]
+    assert outputs[0] == {"predictions": api.score([good])[0]} and outputs[1].status_code == 500
+    assert json.loads(outputs[1].body) == {"error": "the model failed on this request (RuntimeError: out of memory); "
+                                                    "the server logged it"}
+
+
 @pytest.mark.e2e
 def test_served_answers_equal_the_evaluate_stages_predictions_row_by_row(server, model, tmp_path):
     # The evaluate stage on the served model, in a project beside the fixture's (fp32, as tiny_params train)
     project = tmp_path / "project"
-    for name in ("data/raw", "data/tokenized", "models/trained"):
-        (project / name).parent.mkdir(parents=True, exist_ok=True)
-        (project / name).symlink_to(model.parents[1] / name)
-    evaluate_model(tiny_params(evaluate={"splits": ["validation"]}), Paths(project))
-    reset_accelerate()
+    evaluated(model, project)
     rows = load_client.validation_rows(project, Task.load(model))
     result = agreement(load_client.answers(server[0], rows), rows.evaluated)
     assert (result.same, result.rows, result.differing, result.met) == (21, 21, [], True)
@@ -271,6 +350,13 @@ def test_a_port_in_use_or_a_bad_flag_stops_start_up_with_one_line(model, capsys)
             serve_main(["--form", "pytorch", "--model", str(model), "--port", str(port)])
     assert str(exit_.value.code).startswith(f"ERROR: --port {port}: can't listen on 127.0.0.1:{port} (")
     assert str(exit_.value.code).endswith("choose another --port")
+    for args, error in [(["--max-length", "100000"], "ERROR: --max-length: 100000 is more than the model's 512 "
+                                                       "positions (max_position_embeddings in its config.json)"),
+                        (["--openvino-hint", "LATENCY"], "ERROR: --openvino-hint: for the openvino-* forms only, not "
+                                                         "pytorch")]:
+        with pytest.raises(SystemExit) as exit_:
+            serve_main(["--form", "pytorch", "--model", str(model), "--port", str(free_port()), *args])
+        assert str(exit_.value.code).startswith(error), exit_.value.code
     for flag, value, error in [("--batch-timeout", "-1", "must be at least 0, got -1"),
                                ("--timeout", "soon", "'soon' is not a number of seconds"),
                                ("--port", "80", "must be at least 1024, got 80"),

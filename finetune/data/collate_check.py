@@ -1,8 +1,10 @@
-"""The rules a collated batch obeys, checked on the DataLoaders that training and evaluation use
-(``finetune.data.batches``): keys, shapes ``[batch, seq_len]``, dynamic right padding with the pad id, no empty
-sequence, labels in range; then one forward pass of the pretrained model. A split of up to ``MAX_CHECKED_BATCHES``
-batches is checked whole, a larger one in a sample (``batches_to_check``); padding and length statistics cover every
-batch. A broken rule raises a ``CollateError`` naming the split, the batch and the rule."""
+"""The rules a collated batch obeys, checked on the batches that training and evaluation use
+(``finetune.data.batches``: ``train_dataloader``, and ``scoring_batches``, which ``finetune.inference.Predictor``
+scores a split in): keys, shapes ``[batch, seq_len]``, dynamic right padding with the pad id, no empty sequence,
+labels in range (an evaluated split's as evaluation reads them, beside its batches); then one forward pass of the
+pretrained model. A split of up to ``MAX_CHECKED_BATCHES`` batches is checked whole, a larger one in a sample
+(``batches_to_check``); padding and length statistics cover every batch. A broken rule raises a ``CollateError``
+naming the split, the batch and the rule."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import random
 
 import torch
 from datasets import load_from_disk
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from finetune.data.batches import evaluation_batches, make_collator, train_dataloader
+from finetune.data.batches import TokenRows, make_collator, scoring_batches, train_dataloader
 from finetune.data.prepare import is_labeled, present_splits
 from finetune.data.tokenization import token_lengths
 from finetune.errors import CollateError
@@ -63,22 +65,31 @@ def check_batch(batch: dict, tokenizer: PreTrainedTokenizerBase, where: str, tas
         fail("padding-at-end", "attention_mask is not 1s followed by 0s in every row")
     if not bool((ids[~real] == tokenizer.pad_token_id).all()):
         fail("pad-id", f"a padded position holds an id other than pad id {tokenizer.pad_token_id}")
-    if not labeled:
-        return
-    labels = batch["labels"]
+    if labeled:
+        check_labels(batch["labels"], where, task)
+
+
+def check_labels(labels: torch.Tensor, where: str, task: Task) -> None:
+    """Check ``labels`` ``[rows]``: int64 class ids in ``[0, num_labels)``, or finite float scores for regression.
+
+    Raises:
+        CollateError: naming ``where`` and the rule ``labels``.
+    """
     if task.is_regression:
         if not labels.is_floating_point() or not bool(torch.isfinite(labels).all()):
-            fail("labels", f"regression labels must be finite floats, got {labels.dtype} {labels.tolist()[:8]}")
+            raise CollateError(f"{where} rule=labels: regression labels must be finite floats, got {labels.dtype} "
+                               f"{labels.tolist()[:8]}")
     elif labels.dtype != torch.int64 or not bool(((labels >= 0) & (labels < task.num_labels)).all()):
-        fail("labels", f"labels {sorted(set(labels.tolist()))} ({labels.dtype}) not all class ids in "
-                       f"[0, {task.num_labels}) of {list(task.label_names)}")
+        raise CollateError(f"{where} rule=labels: labels {sorted(set(labels.tolist()))} ({labels.dtype}) not all "
+                           f"class ids in [0, {task.num_labels}) of {list(task.label_names)}")
 
 
 def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, task: Task, labeled: bool,
                 seed: int = 0) -> dict:
     """Check the batches of one split and describe all of them. The batches are the DataLoader's own (its batch
     sampler's row indices, collated by its ``collate_fn``), so a length-grouped train order is checked as training
-    sees it; ``seed`` draws the sample of batches (``batches_to_check``).
+    sees it, and a split ``scoring_batches`` sorts by length as evaluation scores it; ``labeled``: its batches carry
+    labels (a scoring batch carries none). ``seed`` draws the sample of batches (``batches_to_check``).
 
     Returns:
         ``batches``, ``first_batch_shapes``, ``padding_fraction`` (padded share of all tokens), ``mean_length`` and
@@ -94,12 +105,16 @@ def check_split(dataloader, tokenizer: PreTrainedTokenizerBase, split: str, task
     checked = batches_to_check(len(batches), seed)
     first_shapes = None
     for i in checked:
-        columns = dataset[batches[i]]  # one read of the batch's rows, as the DataLoader's fetch does
-        batch = dataloader.collate_fn([dict(zip(columns, row)) for row in zip(*columns.values())])
+        batch = dataloader.collate_fn(dataset.__getitems__(batches[i]))  # the batch's rows, as the DataLoader fetches
+        batch = batch[0] if isinstance(batch, tuple) else batch  # a scoring batch: (batch, its real rows)
         check_batch(batch, tokenizer, f"split={split} batch={i}", task, labeled)
         if first_shapes is None:
             first_shapes = {k: list(v.shape) for k, v in batch.items()}
-    lengths = token_lengths(dataset)
+    if isinstance(dataset, Subset):  # scoring_batches': TokenRows in the order scored
+        row_lengths = dataset.dataset.lengths()
+        lengths = [row_lengths[i] for i in dataset.indices]
+    else:
+        lengths = token_lengths(dataset)
     real_tokens = sum(lengths)
     total_tokens = sum(len(b) * max(lengths[j] for j in b) for b in batches)
     return {"batches": len(batches), "first_batch_shapes": first_shapes,
@@ -136,8 +151,10 @@ def check_forward(model, batch: dict, task: Task) -> dict:
 
 
 def check_all(params: Params, paths: Paths) -> dict:
-    """Check the batches of train and of ``evaluate.splits`` (``check_split``), then one forward pass
-    (``check_forward``); returns split -> ``check_split``'s report, and ``forward`` -> ``check_forward``'s.
+    """Check the batches of train and, as evaluation scores them (``scoring_batches`` in ``evaluate.batch_size``,
+    sorted with ``evaluate.sort_by_length``), of ``evaluate.splits`` (``check_split``) and their labels
+    (``check_labels``), then one forward pass (``check_forward``); returns split -> ``check_split``'s report, and
+    ``forward`` -> ``check_forward``'s.
 
     Raises:
         CollateError: at the first broken rule, naming split, batch and rule.
@@ -148,10 +165,13 @@ def check_all(params: Params, paths: Paths) -> dict:
     loaders = {"train": train_dataloader(tokenized["train"], collator, params.train.batch_size, params.train.seed,
                                          params.train.group_by_length)}
     for split in present_splits(params.evaluate.splits, tokenized):
-        loaders[split], _ = evaluation_batches(tokenized[split], collator, params.evaluate)
+        loaders[split] = scoring_batches(TokenRows(tokenized[split]), tokenizer, params.evaluate.batch_size,
+                                         sort_by_length=params.evaluate.sort_by_length)
+        if is_labeled(tokenized[split]):  # evaluation reads them beside the batches
+            check_labels(torch.tensor(tokenized[split]["labels"]), f"split={split}", task)
     report = {}
     for split, loader in loaders.items():
-        report[split] = check_split(loader, tokenizer, split, task, is_labeled(tokenized[split]), params.train.seed)
+        report[split] = check_split(loader, tokenizer, split, task, split == "train", params.train.seed)
         r = report[split]
         log.info("%s: %s batches OK%s, padding %.1f%%", split, r["checked_batches"],
                  "" if r["checked_batches"] == r["batches"] else f" (a sample of {r['batches']})",

@@ -1,5 +1,6 @@
 """Tokenization of the prepared splits (text to token ids, no padding) as in the Hugging Face course, "A full
-training" (https://huggingface.co/learn/llm-course/chapter3/4); the truncation length and token lengths.
+training" (https://huggingface.co/learn/llm-course/chapter3/4); the truncation length, which the tokenizer training
+uses (and saves with the fine-tuned model) carries as its ``model_max_length``, and token lengths.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict
-from transformers import PretrainedConfig, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from finetune.errors import ParamsError
 
@@ -76,20 +77,41 @@ def position_limit(config: PretrainedConfig) -> int | None:
     return positions
 
 
+def training_tokenizer(checkpoint: str | Path, max_length: int | None) -> PreTrainedTokenizerBase:
+    """The tokenizer of the checkpoint folder ``checkpoint`` with ``model_max_length`` set to the truncation length
+    of training (``truncation_length`` of ``max_length``, ``tokenize.max_length``, and the model's positions). The
+    tokenize stage truncates there, and the train stage saves this tokenizer with the model, so evaluation, the
+    exported forms, ``pipeline()``, ``tools.predict`` and ``tools.serve`` truncate there by default.
+
+    Raises:
+        ParamsError: ``max_length`` is above the model's positions.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    limit = position_limit(AutoConfig.from_pretrained(checkpoint))
+    tokenizer.model_max_length = truncation_length(tokenizer, max_length, limit)
+    return tokenizer
+
+
 def truncation_length(tokenizer: PreTrainedTokenizerBase, max_length: int | None, limit: int | None = None,
                       key: str = "params.yaml: tokenize.max_length") -> int:
     """The truncation length in tokens: ``max_length`` (``tokenize.max_length``), else the tokenizer's
     ``model_max_length``, at most ``limit`` (the model's positions, ``position_limit``).
 
     Raises:
-        ParamsError: ``max_length`` is above ``limit``; naming ``key`` and the limit.
+        ParamsError: ``max_length`` is above ``limit`` (``check_max_length``).
     """
-    if max_length is not None and limit is not None and max_length > limit:
-        raise ParamsError(f"{key}: {max_length} is more than the model's {limit} positions (max_position_embeddings "
-                          "in its config.json); use at most that, or none for the model's own length")
+    check_max_length(max_length, limit, key)
     if max_length is not None:
         return max_length
     return min(tokenizer.model_max_length, limit) if limit is not None else tokenizer.model_max_length
+
+
+def check_max_length(max_length: int | None, limit: int | None, key: str) -> None:
+    """Raises ParamsError naming ``key`` and the limit when ``max_length`` is above ``limit`` (the model's positions,
+    ``position_limit``; None: no limit)."""
+    if max_length is not None and limit is not None and max_length > limit:
+        raise ParamsError(f"{key}: {max_length} is more than the model's {limit} positions (max_position_embeddings "
+                          "in its config.json); use at most that, or none for the model's own length")
 
 
 def token_lengths(ds: Dataset) -> list[int]:

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 from datasets import Dataset, load_from_disk
-from transformers import AutoConfig, AutoTokenizer
 
-from finetune.data.tokenization import position_limit, token_lengths, tokenize, truncation_length
+from finetune.data.tokenization import token_lengths, tokenize, training_tokenizer
 from finetune.params import Params
 from finetune.paths import Paths
 from finetune.runtime import atomic_dir
@@ -27,13 +26,11 @@ def tokenize_splits(params: Params, paths: Paths) -> dict:
     ``tokenize.max_length`` and ``tokenize.num_proc``; returns split -> ``length_stats``.
 
     Raises:
-        ParamsError: ``tokenize.max_length`` is above the checkpoint's positions (``position_limit``); nothing is
-            written.
+        ParamsError: ``tokenize.max_length`` is above the checkpoint's positions (``training_tokenizer``); nothing
+            is written.
     """
-    tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
-    task = Task.load(paths.raw)
-    limit = position_limit(AutoConfig.from_pretrained(paths.pretrained))
-    max_length = truncation_length(tokenizer, params.tokenize.max_length, limit)
+    tokenizer = training_tokenizer(paths.pretrained, params.tokenize.max_length)
+    task, max_length = Task.load(paths.raw), tokenizer.model_max_length
     log.info("Tokenizing %s (%s) with %s (truncation at %d tokens)", paths.raw, " + ".join(task.text_columns),
              type(tokenizer).__name__, max_length)
     # the scratch folder is named like atomic_dir's temp folders, so the next run's atomic_dir removes a killed run's

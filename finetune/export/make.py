@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 
     from finetune.params import ExportParams
 
+from finetune.data.batches import MODEL_INPUTS
 from finetune.errors import ExportError
 from finetune.hardware import cpu_bf16_flags
-from finetune.inference.predictor import MODEL_INPUTS
 from finetune.inference.runtimes import ONNX_FILE
 
 log = logging.getLogger(__name__)

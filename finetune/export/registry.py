@@ -8,6 +8,7 @@ reruns the export stage and nothing before it: ``export.forms`` is checked again
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,10 @@ class Form:
 
     Attributes:
         make: writes the weights into ``job.folder`` and returns what metrics/export.json records beyond parity.
-        load: the classifier in a folder: a ``torch.nn.Module`` whose ``forward(**batch)`` takes ``[batch, seq_len]``
-            tensors and returns ``.logits [batch, num_labels]``, with ``config`` from the folder. One with torch
-            parameters is moved to the Predictor's device; one without (a runtime's session) runs on the CPU.
+        load: the classifier in a folder, ``(folder, config) -> torch.nn.Module`` (``config``: the folder's, read
+            once by ``Predictor.open``; None: read by the loader): a module whose ``forward(**batch)`` takes
+            ``[batch, seq_len]`` tensors and returns ``.logits [batch, num_labels]``, with that ``config``. One with
+            torch parameters is moved to the Predictor's device; one without (a runtime's session) runs on the CPU.
         lossy: False: logits must equal PyTorch's within ``export.fp32_tolerance`` (else the stage fails); True:
             flagged beyond ``export.max_metric_drop``.
         loaded_with: how a user loads it, for the model card.
@@ -57,7 +59,7 @@ class Form:
 
     name: str
     make: Callable[[MakeJob], dict]
-    load: Callable[[Path], torch.nn.Module]
+    load: Callable[..., torch.nn.Module]
     lossy: bool
     loaded_with: str
     needs: tuple[Need, ...] = ()
@@ -100,12 +102,12 @@ def check_forms(forms: list[str]) -> None:
     """Check ``export.forms`` against the registered names, as pydantic checks a Literal.
 
     Raises:
-        ParamsError: one line per unknown item, ``params.yaml: export.forms.<i>: Input should be 'onnx-fp32', ...
+        ParamsError: one line per unknown item, ``params.yaml: export.forms[<i>]: Input should be 'onnx-fp32', ...
             or 'openvino-int8' (got 'onnx')``.
     """
     names = [repr(name) for name in FORMS]
     expected = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
-    unknown = [f"params.yaml: export.forms.{i}: Input should be {expected} (got {form!r})"
+    unknown = [f"params.yaml: export.forms[{i}]: Input should be {expected} (got {form!r})"
                for i, form in enumerate(forms) if form not in FORMS]
     if unknown:
         raise ParamsError("\n".join(unknown))
@@ -144,16 +146,19 @@ def form_folder(form: str, model_dir: Path, exported_dir: Path) -> Path:
     return folder
 
 
-def open_form(folder: str | Path, form: str = PYTORCH, **options) -> Predictor:
+def open_form(folder: str | Path, form: str = PYTORCH, *, load_options: dict | None = None,
+              **options) -> Predictor:
     """``Predictor.open`` of ``folder`` holding ``form`` (``pytorch``: a fine-tuned model, fp32) with its loader;
-    ``options`` are ``Predictor.open``'s.
+    ``load_options`` go to a served form's loader (``OpenVinoClassifier``'s ``performance_hint``), ``options`` to
+    ``Predictor.open``.
 
     Raises:
         ExportError: an unknown form, or its runtime is not installed or its file is missing.
         CheckpointError, ParamsError: as ``Predictor.open``.
     """
     _known(form)
-    return Predictor.open(folder, load=None if form == PYTORCH else FORMS[form].load, form=form, **options)
+    load = None if form == PYTORCH else functools.partial(FORMS[form].load, **(load_options or {}))
+    return Predictor.open(folder, load=load, form=form, **options)
 
 
 def load_form(form: str, folder: Path) -> torch.nn.Module:

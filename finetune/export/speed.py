@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 from datasets import Dataset
 
+from finetune.data.batches import MODEL_INPUTS
 from finetune.errors import ExportError
 from finetune.export.registry import FORMS
-from finetune.inference.predictor import MODEL_INPUTS, PYTORCH, Predictor
+from finetune.inference.predictor import PYTORCH, Predictor
 
 EXPORT_METRICS = Path("metrics/export.json")  # the export stage's, with fastest_at_parity
 

@@ -15,9 +15,10 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from datasets import Dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from finetune.data.batches import make_collator, train_dataloader
+from finetune.data.tokenization import training_tokenizer
 from finetune.distill.loss import Distillation, Teacher, load_teacher, with_teacher_logits
 from finetune.errors import ParamsError
 from finetune.evaluate.collapse import constant_baseline
@@ -110,7 +111,7 @@ class FineTuneRecipe:
         self.accelerator = make_accelerator(p.ddp_timeout, mixed_precision=self.mixed_precision,
                                             gradient_accumulation_steps=p.gradient_accumulation_steps)
         set_seed(p.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(paths.pretrained)
+        self.tokenizer = training_tokenizer(paths.pretrained, self.params.tokenize.max_length)  # saved with the model
         self.task = Task.load(paths.tokenized)
         try:
             self.metric_for_best, _ = self.task.metric_for_best(p.metric_for_best)
@@ -128,8 +129,7 @@ class FineTuneRecipe:
         self.validation = tokenized["validation"]
         self.baseline = constant_baseline(self.task, load_metric(self.task), tokenized["train"]["labels"],
                                           self.validation["labels"])
-        self.predictor = Predictor(self.model, self.tokenizer, self.task, self.params.tokenize.max_length,
-                                   accelerator=self.accelerator)
+        self.predictor = Predictor(self.model, self.tokenizer, self.task, accelerator=self.accelerator)
         main = self.accelerator.is_main_process
         self.trial = trial_from_env(self.metric_for_best) if main else None
         self.state, self.stopping = self.start_or_resume()
