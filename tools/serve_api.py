@@ -1,7 +1,7 @@
 """What a ``tools.serve`` request goes through: the request model pydantic checks in the HTTP process
 (``PredictRequest``; ``refusal`` writes its error), and the model worker's ``LitAPI`` (``FormAPI``), which scores
-each batch of requests with ``finetune.inference.Predictor`` and, when a batch fails, each request alone, so one
-request never fails another."""
+each batch of requests with ``finetune.inference.predictor.Predictor`` and, when a batch fails, each request alone, so
+one request never fails another."""
 
 import logging
 import os

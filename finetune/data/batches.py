@@ -1,7 +1,7 @@
 """Every DataLoader of the pipeline: the dynamic-padding collator and shuffled (optionally length-grouped) training
 batches; the batches a model scores rows in (``scoring_batches``: evaluation, the export stage, the teacher and the
-tools, through ``finetune.inference.Predictor``), sorted by length and padded as the tokenizer pads. Dynamic padding
-follows the Hugging Face course, "A full training": https://huggingface.co/learn/llm-course/chapter3/4
+tools, through ``finetune.inference.predictor.Predictor``), sorted by length and padded as the tokenizer pads.
+Dynamic padding follows the Hugging Face course, "A full training": https://huggingface.co/learn/llm-course/chapter3/4
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def train_dataloader(ds: Dataset, collator: PairCollator, batch_size: int, seed:
 
 def length_order(lengths: list[int]) -> np.ndarray:
     """Row indices ``[examples]`` of rows of ``lengths`` tokens, shortest first (stable sort): the one place rows are
-    sorted by length, for evaluation and inference (``finetune.inference.Predictor``) alike."""
+    sorted by length, for evaluation and inference (``finetune.inference.predictor.Predictor``) alike."""
     return np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
 
 
@@ -123,9 +123,9 @@ class ScoringCollator:
 def scoring_batches(rows: TokenRows, tokenizer: PreTrainedTokenizerBase, batch_size: int, *,
                     sort_by_length: bool = True, pad_to_multiple_of: int | None = None,
                     fill_rows: bool = False) -> DataLoader:
-    """The batches a model scores ``rows`` in (``finetune.inference.Predictor.logits``): ``batch_size`` rows each,
-    shortest first (``length_order``) with ``sort_by_length`` when the rows fill more than one batch (one batch is
-    padded to its longest row in any order), collated by ``ScoringCollator``. The loader's dataset is
+    """The batches a model scores ``rows`` in (``finetune.inference.predictor.Predictor.logits``): ``batch_size``
+    rows each, shortest first (``length_order``) with ``sort_by_length`` when the rows fill more than one batch
+    (one batch is padded to its longest row in any order), collated by ``ScoringCollator``. The loader's dataset is
     ``Subset(rows, order)``: ``loader.dataset.indices`` is the row order the outputs come in. Its own generator
     leaves torch's global RNG (training's dropout) as it is."""
     order = length_order(rows.lengths()) if sort_by_length and len(rows) > batch_size else np.arange(len(rows))

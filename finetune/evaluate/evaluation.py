@@ -1,5 +1,5 @@
-"""Scoring one split: its logits (``finetune.inference.Predictor``), the loss and the task's metric, loaded from the
-local module finetune/evaluate/glue_metric.py.
+"""Scoring one split: its logits (``finetune.inference.predictor.Predictor``), the loss and the task's metric, loaded
+from the local module finetune/evaluate/glue_metric.py.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def prediction_table(raw: Dataset, logits: torch.Tensor, task: Task, columns: tu
                      ) -> pd.DataFrame:
     """One row per example of a prepared split ``raw``, in its order: ``columns`` (default ``idx`` and the text
     columns), ``label`` (the gold class name or score; absent when unlabeled), ``prediction`` and the probabilities
-    (``finetune.inference.with_predictions``) of ``logits`` ``[examples, num_labels]``."""
+    (``finetune.inference.predictor.with_predictions``) of ``logits`` ``[examples, num_labels]``."""
     table = raw.select_columns(list(columns if columns is not None else ["idx", *task.text_columns])).to_pandas()
     if "label" in raw.column_names:
         labels = np.asarray(raw["label"])

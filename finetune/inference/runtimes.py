@@ -1,7 +1,7 @@
 """The runtime of each served form (models/exported/<form>/) behind one interface: ``model(**batch).logits``
 ``[batch, num_labels]``, ``model.config``, ``model.eval()``. The registry (finetune/export/registry.py) names each
-form's loader here, ``(folder, config) -> model``, and ``finetune.inference.Predictor.open`` opens a folder with it,
-handing it the config it read. Each form folder also loads on its own:
+form's loader here, ``(folder, config) -> model``, and ``finetune.inference.predictor.Predictor.open`` opens a
+folder with it, handing it the config it read. Each form folder also loads on its own:
 
     tokenizer = AutoTokenizer.from_pretrained("models/exported/onnx-int8")
     session = onnxruntime.InferenceSession("models/exported/onnx-int8/model.onnx")
