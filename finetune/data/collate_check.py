@@ -1,10 +1,10 @@
-"""The rules a collated batch obeys, checked on the batches that training and evaluation use
-(``finetune.data.batches``: ``train_dataloader``, and ``scoring_batches``, which
-``finetune.inference.predictor.Predictor`` scores a split in): keys, shapes ``[batch, seq_len]``, dynamic right
-padding with the pad id, no empty sequence, labels in range (an evaluated split's as evaluation reads them, beside
-its batches); then one forward pass of the pretrained model. A split of up to ``MAX_CHECKED_BATCHES`` batches is checked whole, a larger one in a sample
-(``batches_to_check``); padding and length statistics cover every batch. A broken rule raises a ``CollateError``
-naming the split, the batch and the rule."""
+"""The rules a collated batch obeys, checked on the batches that training and evaluation use (``finetune.data.batches``:
+``train_dataloader``, and ``scoring_batches``, which ``finetune.inference.predictor.Predictor`` scores a split in):
+keys, shapes ``[batch, seq_len]``, dynamic right padding with the pad id, no empty sequence, labels in range (an
+evaluated split's as evaluation reads them, beside its batches); then one forward pass of the pretrained model. A
+split of up to ``MAX_CHECKED_BATCHES`` batches is checked whole, a larger one in a sample (``batches_to_check``);
+padding and length statistics cover every batch. A broken rule raises a ``CollateError`` naming the split, the batch
+and the rule."""
 
 from __future__ import annotations
 
