@@ -22,6 +22,7 @@ from unittest import mock
 import pytest
 import yaml
 
+from tests.helpers import FAMILIES
 from tools import results_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,6 +287,18 @@ def test_quotes_of_files_are_what_the_committed_files_give():
     rev = "HEAD" if results_block.read("params.yaml", "HEAD") is not None else None
     stale = results_block.stale_quotes(rev)
     assert not stale, "\n".join(stale) + "\nrun `python -m tools.results_block` and commit the pages"
+
+
+FAMILY_LIST = re.compile(r"encoder families that work \(`model_type`.*?\): ((?:`[^`]+`,?\s*)+)", re.S)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/any-task.md"])
+def test_the_families_that_work_are_those_the_tests_cover(page):
+    # tests/helpers.py FAMILIES: each is trained, evaluated, reused (tests/test_families.py) and exported
+    # (tests/test_export.py); a page names exactly those model types, in that order
+    listed = FAMILY_LIST.search((ROOT / page).read_text())
+    assert listed, f"{page}: no sentence 'encoder families that work (`model_type`...): `bert`, ...'"
+    assert re.findall(r"`([^`]+)`", listed[1]) == list(FAMILIES), f"{page}: list tests/helpers.py FAMILIES' keys"
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if p.name == "README.md" and p.parent in (ROOT, ROOT / "benchmarks")
