@@ -6,6 +6,7 @@ and the resume fingerprint. Package ``__init__.py`` files hold only a docstring 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from pathlib import Path
 
@@ -58,11 +59,19 @@ def _loaded_by_path(path: Path) -> set[Path]:
 
 
 def project_files(module: str) -> list[str]:
-    """Every project file that running ``module`` executes, as sorted paths relative to the repository root.
+    """Every project file that running ``module`` executes, as sorted paths relative to the repository root. Found
+    once per process and root (parsing every file takes a fraction of a second, and a training run, or a test
+    session's many, asks again): the files' contents are read afresh by ``code_digest``.
 
     Raises:
         ValueError: ``module`` is not a module of this project.
     """
+    return list(_project_files(module, ROOT))
+
+
+@functools.cache
+def _project_files(module: str, root: Path) -> tuple[str, ...]:
+    """``project_files`` of ``module`` under ``root`` (``ROOT``, the cache's key with ``module``)."""
     start = module_path(module)
     if start is None:
         raise ValueError(f"{module!r} is not a module of this project (packages {', '.join(PACKAGES)})")
@@ -74,7 +83,7 @@ def project_files(module: str) -> list[str]:
         seen.add(path)
         todo += [p for p in map(module_path, _imports(path)) if p is not None]
         todo += _loaded_by_path(path)
-    return sorted(p.relative_to(ROOT).as_posix() for p in seen)
+    return tuple(sorted(p.relative_to(root).as_posix() for p in seen))
 
 
 def code_digest(module: str) -> str:

@@ -236,7 +236,10 @@ class DistillParams(_Section):
 
 class Int8Params(_Section):
     per_channel: StrictBool  # one weight scale per output channel (else one per tensor)
-    keep_fp32: list[Annotated[str, Field(min_length=1)]]  # modules kept fp32: a name or the end of a dotted path
+    # the attention projections kept fp32, by role; each family's module names: finetune/export/make.py
+    keep_fp32: list[Literal["query", "key", "value"]]
+
+    _keep_once = field_validator("keep_fp32")(_each_once)
 
 
 class OpenVinoParams(_Section):

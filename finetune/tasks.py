@@ -129,22 +129,28 @@ def glue_task(config: str) -> Task:
 
 
 def own_task(text_columns: tuple[str, ...], label_names: tuple[str, ...] | None,
-             positive_label: str | None = None, symmetric: bool = False) -> Task:
+             positive_label: str | None = None, symmetric: bool = False, where: str = "the data") -> Task:
     """The Task of the user's own data, named ``own``: regression when ``label_names`` is None, else binary (two
     classes; ``positive_label``, the class whose F1 is reported, defaults to class id 1) or multiclass, scored by the
-    metric config of that name. ``symmetric``: the label ignores the order of the two texts.
+    metric config of that name. ``symmetric``: the label ignores the order of the two texts; ``where``: the data's
+    file, for errors.
 
     Raises:
-        ValueError: ``positive_label`` is not one of ``label_names``, or ``symmetric`` without two text columns.
+        ValueError: ``positive_label`` with other than two classes or not one of ``label_names``, or ``symmetric``
+            without two text columns; naming the key.
     """
     if symmetric and len(text_columns) != 2:
-        raise ValueError(f"data.symmetric: true needs two text columns (got {list(text_columns)})")
+        raise ValueError(f"data.symmetric: true needs two text columns (got {list(text_columns)} for {where})")
+    if positive_label is not None and label_names is not None and len(label_names) != 2:
+        raise ValueError(f"data.positive_label: {positive_label!r} is set, but {where} has {len(label_names)} classes "
+                         f"{list(label_names)}; it names the class whose F1 is reported for two classes (more are "
+                         "scored by macro-F1): set data.positive_label: null")
+    if positive_label is not None and label_names is not None and positive_label not in label_names:
+        raise ValueError(f"data.positive_label: {positive_label!r} is not a class of {where} {list(label_names)}")
     if label_names is None:
         kind, positive = "regression", 1
     elif len(label_names) == 2:
         kind = "binary"
-        if positive_label is not None and positive_label not in label_names:
-            raise ValueError(f"data.positive_label: {positive_label!r} is not a label of the data {list(label_names)}")
         positive = label_names.index(positive_label) if positive_label is not None else 1
     else:
         kind, positive = "multiclass", 1

@@ -107,8 +107,27 @@ def make_checkpoint(folder: Path, tokenizer, **config) -> Path:
     return folder
 
 
-# The six encoder families of issue 19: the tokenizer class (trained here on MRPC sentences) and the config
-# settings a family names its own way, on top of TINY_ENCODER.
+def byte_level_bpe(first: str, last: str, **special_tokens: str):
+    """An untrained byte-level BPE tokenizer (``PreTrainedTokenizerFast``, GPT-2's pre-tokenizer, no
+    ``token_type_ids``) that frames a text as ``first A last`` and a pair as ``first A last B last``, with
+    ``special_tokens`` (``cls_token="[CLS]"``, ...): the layout of ModernBERT's tokenizer (``[CLS]``, ``[SEP]``) and
+    of EuroBERT's (Llama 3's ``<|begin_of_text|>``, ``<|end_of_text|>``), whose files are on the Hub only."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{first} $A {last}", pair=f"{first} $A {last} $B:1 {last}:1", special_tokens=[(first, 0), (last, 1)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_input_names=["input_ids",
+                                                                                               "attention_mask"],
+                                                **special_tokens)
+
+
+# The encoder families that work: per model type, the tokenizer's class (trained here on MRPC sentences, from the
+# class's empty pipeline or from ``base``, where the family's own files are on the Hub only) and the config settings
+# a family names its own way, on top of TINY_ENCODER. docs/any-task.md and the README list these model types.
 FAMILIES = {
     "bert": {"tokenizer": "BertTokenizer", "config": {}},
     "roberta": {"tokenizer": "RobertaTokenizer", "config": {}},
@@ -118,6 +137,16 @@ FAMILIES = {
                    "config": {"relative_attention": True, "position_buckets": 16, "pos_att_type": ["p2c", "c2p"],
                               "norm_rel_ebd": "layer_norm"}},
     "mpnet": {"tokenizer": "MPNetTokenizer", "config": {}},
+    "modernbert": {"tokenizer": "PreTrainedTokenizerFast", "config": {},  # a full and a sliding-window layer
+                   "base": lambda: byte_level_bpe("[CLS]", "[SEP]", cls_token="[CLS]", sep_token="[SEP]",
+                                                  pad_token="[PAD]", mask_token="[MASK]", unk_token="[UNK]")},
+    "eurobert": {"tokenizer": "PreTrainedTokenizerFast", "config": {"num_key_value_heads": 2, "head_dim": 16},
+                 "base": lambda: byte_level_bpe("<|begin_of_text|>", "<|end_of_text|>", bos_token="<|begin_of_text|>",
+                                                eos_token="<|end_of_text|>", pad_token="<|end_of_text|>",
+                                                mask_token="<|mask|>")},
+    "gte": {"tokenizer": "XLMRobertaTokenizer", "config": {}},
+    "nomic_bert": {"tokenizer": "BertTokenizer", "config": {"head_dim": 16}},
+    "jina_embeddings_v3": {"tokenizer": "XLMRobertaTokenizer", "config": {}},
 }
 TINY_ENCODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                     max_position_embeddings=514)
@@ -136,16 +165,21 @@ def mrpc_sentences(rows: int = 300) -> list[str]:
 
 def make_family_checkpoint(folder: Path, family: str, vocab_size: int = 400) -> Path:
     """A random 2-layer ``family`` encoder (hidden 32, no head) saved with a tokenizer of the family's class, trained
-    on MRPC sentences (``vocab_size`` tokens, the family's special tokens, at most 128 tokens), into ``folder``."""
+    on MRPC sentences (``vocab_size`` tokens, the family's special tokens, at most 128 tokens), into ``folder``. The
+    config's special token ids (``pad_token_id``, ``cls_token_id``, ...) are the tokenizer's, None where it has no
+    such token."""
     import torch
     import transformers
 
-    base = getattr(transformers, FAMILIES[family]["tokenizer"])()  # the family's pipeline, special tokens
+    settings = FAMILIES[family]
+    base = settings["base"]() if "base" in settings else getattr(transformers, settings["tokenizer"])()
     tokenizer = base.train_new_from_iterator(mrpc_sentences(), vocab_size=vocab_size)
     tokenizer.model_max_length = 128
+    special = {key: getattr(tokenizer, key, None) for key in transformers.AutoConfig.for_model(family).to_dict()
+               if key.endswith("_token_id")}
     torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(family, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                                               **TINY_ENCODER, **FAMILIES[family]["config"])
+    config = transformers.AutoConfig.for_model(family, vocab_size=len(tokenizer), **special, **TINY_ENCODER,
+                                               **settings["config"])
     transformers.AutoModel.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

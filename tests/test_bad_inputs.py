@@ -209,18 +209,27 @@ BAD_OWN_FILES = [
                                              '{"question": "c?", "answer": "d", "verdict": 0}\n'),
                                    "validation": ("dev.jsonl",
                                                   '{"question": "e?", "answer": "f", "verdict": "yes"}\n')},
-     {}, "data/own/dev.jsonl: split 'validation' row 0: label 'yes' is a string, but split 'train' has integer labels; "
-         "labels must be of one type"),
+     {}, "data/own/dev.jsonl: split 'validation' row 0: label 'yes': this split's labels are words, but those of "
+         "data/own/train.jsonl (split 'train') are numbers (e.g. 1); write every file's labels the same way"),
+    # the train file mixes 0/1 and yes/no (a CSV column of both is read as text) beside a clean 0/1 validation file
+    ("labels-mixing-numbers-and-words-in-a-csv", lambda: {**_own_numbers(), "train": _cell(_cell(
+        _own_numbers()["train"], 4, "verdict", "yes"), 7, "verdict", "no")}, {},
+     "data/own/train.csv: split 'train' row 0: label 0 is a number, but row 4's label 'yes' is a word: labels mix "
+     "numbers and words; write them all as class names or all as class ids (or list every class in params.yaml "
+     "data.label_names)"),
+    # the split whose labels differ from the other splits' is named: here train's words against 0/1 elsewhere
+    ("a-file-whose-labels-differ-from-the-others", lambda: {**_own_numbers(), "train": _own_good()["train"],
+                                                            "test": _own_numbers()["validation"]}, {},
+     "data/own/train.csv: split 'train' row 0: label 'no': this split's labels are words, but those of "
+     "data/own/validation.csv (split 'validation') are numbers (e.g. 1); write every file's labels the same way"),
     ("unknown-format", lambda: {"train": ("train.xlsx", "not a spreadsheet")}, {},
      "data/own/train.xlsx: split 'train': unknown format; use one of .csv, .tsv, .json, .jsonl, .parquet"),
     ("unparsable-json", lambda: {"train": ("train.json", "{not json")}, {},
      "data/own/train.json: split 'train': cannot read: "),
-    ("positive-label-not-a-label", lambda: _own_good(), {"positive_label": "maybe"},
-     "data/own/train.csv: data.positive_label: 'maybe' is not a label of the data ['no', 'yes']"),
     ("labels-mixing-strings-and-numbers-in-jsonl", lambda: {"train": ("train.jsonl", "".join(
         f'{{"question": "q{i}?", "answer": "a{i}", "verdict": {v}}}\n' for i, v in enumerate(['"1"', "1", '"yes"'])))},
-     {}, "data/own/train.jsonl: split 'train' row 2: label 'yes' is a string, but split 'train' has integer labels; "
-         "labels must be of one type"),
+     {}, "data/own/train.jsonl: split 'train' row 0: label 1 is a number, but row 2's label 'yes' is a word: labels "
+         "mix numbers and words"),
     ("json-of-columns", lambda: {"train": ("train.json", _own_good()["train"].to_json())}, {},
      "data/own/train.json: split 'train' row 0: question holds a dict, not a single value; a JSON file of columns "
      "(pandas' to_json() default) reads as one row of mappings: write one record per line instead"),
@@ -243,8 +252,9 @@ BAD_OWN_FILES = [
     ("an-idx-that-is-not-an-integer", lambda: {"train": ("train.csv", "idx,question,answer,verdict\n"
                                                                       "a,q,x,yes\nb,r,y,no\n")},
      {}, "data/own/train.csv: split 'train' row idx=a: idx 'a' is not an integer; idx must be unique integers"),
-    ("a-latin-1-csv", lambda: {"train": ("train.csv", "question,answer,verdict\nq,a,yes\ncaf\xe9?,b,no\n".encode(
-        "latin-1"))}, {}, "data/own/train.csv: split 'train': line 3 is not UTF-8 (byte 0xe9); save the file as UTF-8"),
+    ("a-cp1252-csv", lambda: {"train": ("train.csv", "question,answer,verdict\nq,a,yes\ncaf\xe9?,b,no\n".encode(
+        "cp1252"))}, {}, "data/own/train.csv: split 'train': line 3 is not UTF-8 (byte 0xe9); save the file as UTF-8 "
+                         "(Excel: 'CSV UTF-8'), or convert it, e.g. iconv -f cp1252 -t utf-8"),
     ("a-malformed-json-lines-file",
      lambda: {"train": ("train.jsonl", '{"question": "a", "answer": "b", "verdict": 1}\n'
                                        '{"question": "c", "answer": "d" "verdict": 0}\n')},
@@ -331,7 +341,7 @@ def test_a_decimal_point_among_integer_labels_keeps_a_classification(tmp_path, m
     (2, "data/own/train.csv: split 'train' row 6: class '2' has this one row of 30; a stray label? Fix the row, or "
         "list the classes in params.yaml data.label_names"),
     ("Yes", "data/own/train.csv: split 'train' row 6: class 'Yes' has this one row of 30; a stray label? It differs "
-            "from class 'yes' only in case or spaces. Fix the row"),
+            "from class 'yes' only in case. Fix the row"),
 ], ids=["2-among-0-and-1", "Yes-among-yes-and-no"])
 def test_a_class_of_one_train_row_is_named_in_a_warning(tmp_path, monkeypatch, caplog, stray, message):
     good = _own_numbers() if stray == 2 else _own_good()
@@ -349,6 +359,86 @@ def test_numbers_as_texts_are_read_as_text(tmp_path, monkeypatch):
     raw = load_from_disk(str(tmp_path / "data" / "raw"))
     answers = list(raw["train"]["answer"]) + list(raw["validation"]["answer"])
     assert all(isinstance(a, str) for a in answers) and "4" in answers and "a3" in answers
+
+
+def test_labels_differing_only_by_spaces_around_them_are_one_class(tmp_path, monkeypatch, caplog):
+    # as spreadsheets export them: " yes" and "no " are yes and no, and the positive class stays yes
+    from datasets import load_from_disk
+
+    spaced = {split: df.assign(verdict=[f" {v}" if i % 2 else f"{v} " for i, v in enumerate(df["verdict"])])
+              for split, df in _own_good().items()}
+    record = _own(tmp_path, monkeypatch, spaced, positive_label="yes")
+    assert record["task"]["label_names"] == ("no", "yes") and record["task"]["positive_label"] == 1
+    raw = load_from_disk(str(tmp_path / "data" / "raw"))
+    assert raw["train"]["label"] == (_own_good()["train"]["verdict"] == "yes").astype(int).tolist()
+    trimmed = [r.getMessage() for r in caplog.records if "spaces around labels are dropped" in r.getMessage()]
+    assert trimmed == ["data/own/train.csv: split 'train' row 0: label 'no ' read as 'no': spaces around labels are "
+                       "dropped, in every split"]
+
+
+@pytest.mark.parametrize("positive,labels,message", [
+    ("yes", ["no", "yes", "maybe"], "params.yaml: data.positive_label: 'yes' is set, but data/own/train.csv has 3 "
+                                    "classes ['maybe', 'no', 'yes']; it names the class whose F1 is reported for two "
+                                    "classes (more are scored by macro-F1): set data.positive_label: null"),
+    ("maybe", ["no", "yes"], "params.yaml: data.positive_label: 'maybe' is not a class of data/own/train.csv "
+                             "['no', 'yes']"),
+], ids=["a-three-class-task", "not-a-class"])
+def test_positive_label_is_a_class_of_a_two_class_task(tmp_path, monkeypatch, positive, labels, message):
+    frames = {split: df.assign(verdict=[labels[i % len(labels)] for i in range(len(df))])
+              for split, df in _own_good().items()}
+    with pytest.raises(ParamsError, match=f"^{re.escape(message)}$"):
+        _own(tmp_path, monkeypatch, frames, positive_label=positive)
+    _assert_nothing_written(tmp_path / "data" / "raw")
+
+
+def _spreadsheet(sep: str = ",", decimal: str = ".") -> str:
+    """The good train file as text, as a spreadsheet writes it (separator, decimal mark, CRLF line ends)."""
+    return _own_good()["train"].assign(score=1.5).to_csv(index=False, sep=sep, decimal=decimal, lineterminator="\r\n")
+
+
+SPREADSHEET_EXPORTS = {
+    "bom-and-crlf.csv": lambda: ("\ufeff" + _spreadsheet()).encode(),
+    "semicolons-and-decimal-commas.csv": lambda: _spreadsheet(";", ",").encode(),  # Excel where 1,5 is a number
+    "unicode-text.tsv": lambda: _spreadsheet("\t").encode("utf-16"),  # Excel's "Unicode Text": UTF-16 with a BOM
+    "blank-rows-at-the-end.csv": lambda: (_spreadsheet() + ",,,\r\n,,,\r\n").encode(),
+}
+
+
+@pytest.mark.parametrize("name", SPREADSHEET_EXPORTS)
+def test_spreadsheet_exports_load(tmp_path, monkeypatch, caplog, name):
+    from datasets import load_from_disk
+
+    record = _own(tmp_path, monkeypatch, {"train": (name, SPREADSHEET_EXPORTS[name]())})
+    raw = load_from_disk(str(tmp_path / "data" / "raw"))
+    assert record["task"]["label_names"] == ("no", "yes")
+    assert len(raw["train"]) + len(raw["validation"]) == 30
+    assert set(raw["train"]["question"]) <= set(_own_good()["train"]["question"])  # the header's first column too
+    if name.startswith("blank-rows"):
+        assert "data/own/blank-rows-at-the-end.csv: split 'train': 2 empty row(s) at the end" in caplog.text
+
+
+def test_semicolon_separated_scores_are_numbers(tmp_path, monkeypatch):
+    frame = _regression()["train"]
+    content = frame.to_csv(index=False, sep=";", decimal=",")
+    record = _own(tmp_path, monkeypatch, {"train": ("scores.csv", content)})
+    assert record["task"]["label_names"] is None and record["splits"]["train"]["label_mean"] > 0
+
+
+@pytest.mark.parametrize("frame,message", [
+    (lambda: _own_good()["train"].rename(columns={"verdict": "Verdict "}),
+     "data/own/train.csv: split 'train' lacks column(s) ['verdict']; has ['question', 'answer', 'Verdict ']; "
+     "'Verdict ' differs from 'verdict' only in case or spaces around it: rename the column, or name it so in "
+     "params.yaml"),
+    (lambda: _own_good()["train"].assign(no=lambda d: (d["verdict"] == "no").astype(int),
+                                         yes=lambda d: (d["verdict"] == "yes").astype(int)).drop(columns="verdict"),
+     "data/own/train.csv: split 'train' lacks column(s) ['verdict']; has ['question', 'answer', 'no', 'yes']; the "
+     "classes one-hot in columns ['no', 'yes']? give each row's class name in one column 'verdict', e.g. "
+     "df['verdict'] = df[['no', 'yes']].idxmax(axis=1)"),
+], ids=["a-header-in-other-case-with-a-space", "one-hot-labels"])
+def test_a_missing_column_says_what_the_file_may_mean(tmp_path, monkeypatch, frame, message):
+    with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+        _own(tmp_path, monkeypatch, {"train": frame()})
+    _assert_nothing_written(tmp_path / "data" / "raw")
 
 
 # Checkpoints. tiny_checkpoint: a 2-layer BertModel (no head) saved with the real tokenizer.

@@ -33,6 +33,7 @@ from tests.doc_commands import (
     prose,
     texts,
 )
+from tests.helpers import FAMILIES
 from tools import results_block
 
 
@@ -208,3 +209,15 @@ def test_every_path_named_exists(page: Path):
                for path in NAMED_PATH.findall(paragraph)
                if not (ROOT / path).exists() and not (page.parent / path).exists()]
     assert not missing, f"{page.relative_to(ROOT)} names files that do not exist: {sorted(set(missing))}"
+
+
+FAMILY_LIST = re.compile(r"encoder families that work \(`model_type`.*?\): ((?:`[^`]+`,?\s*)+)", re.S)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/any-task.md"])
+def test_the_families_that_work_are_those_the_tests_cover(page):
+    # tests/helpers.py FAMILIES: each is trained, evaluated, reused (tests/test_families.py) and exported
+    # (tests/test_export.py); a page names exactly those model types, in that order
+    listed = FAMILY_LIST.search((ROOT / page).read_text())
+    assert listed, f"{page}: no sentence 'encoder families that work (`model_type`...): `bert`, ...'"
+    assert re.findall(r"`([^`]+)`", listed[1]) == list(FAMILIES), f"{page}: list tests/helpers.py FAMILIES' keys"

@@ -1,7 +1,8 @@
-"""Issue 19: any encoder family, both heads. A tiny random model of each of six families (BERT, RoBERTa, DistilBERT,
-ELECTRA, DeBERTa-v2, MPNet) with a real tokenizer of the family's class, trained here on MRPC sentences, goes
-through tokenize, train, evaluate, save, ``pipeline("text-classification")``, ``tools.predict`` and reuse as the next
-run's checkpoint (intermediate training), with the ``cls`` and the ``mean`` head."""
+"""Any encoder family, both heads. A tiny random model of each family of ``FAMILIES`` (tests/helpers.py: BERT,
+RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2, MPNet, ModernBERT, EuroBERT, GTE, NomicBERT, Jina Embeddings v3) with a real
+tokenizer of the family's class, trained here on MRPC sentences, goes through tokenize, train, evaluate, save,
+``pipeline("text-classification")``, ``tools.predict`` and reuse as the next run's checkpoint (intermediate
+training), with the ``cls`` and the ``mean`` head. tests/test_export.py exports each."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pandas as pd
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
 from finetune.data.batches import make_collator
@@ -27,10 +27,17 @@ from tests.helpers import FAMILIES, make_family_checkpoint, make_project, make_r
 from tools.predict import predict
 
 MRPC = glue_task("mrpc")
-TOKEN_TYPES = {"bert", "electra", "deberta-v2"}  # the families whose tokenizer gives token_type_ids
+TOKEN_TYPES = {"bert", "electra", "deberta-v2", "nomic_bert"}  # the families whose tokenizer gives token_type_ids
+NO_TOKEN_TYPE_INPUT = {"distilbert", "mpnet", "modernbert", "eurobert"}  # their encoder takes no token_type_ids
+# The cls head's modules outside the encoder, and the families whose cls head adds a pooler (dense + tanh on the first
+# token) inside the encoder that their bare encoder lacks (GteModel and NomicBertModel have none by default).
 HEADS = {"bert": ["classifier"], "roberta": ["classifier.dense", "classifier.out_proj"],
          "distilbert": ["pre_classifier", "classifier"], "electra": ["classifier.dense", "classifier.out_proj"],
-         "deberta-v2": ["pooler.dense", "classifier"], "mpnet": ["classifier.dense", "classifier.out_proj"]}
+         "deberta-v2": ["pooler.dense", "classifier"], "mpnet": ["classifier.dense", "classifier.out_proj"],
+         "modernbert": ["head.dense", "head.norm", "classifier"], "eurobert": ["dense", "classifier"],
+         "gte": ["classifier"], "nomic_bert": ["classifier"],
+         "jina_embeddings_v3": ["classifier.dense", "classifier.out_proj"]}
+NEW_POOLER = {"gte", "nomic_bert"}
 POOLINGS = ["cls", "mean"]
 
 
@@ -71,7 +78,8 @@ def test_the_tokenizer_is_the_familys(family_checkpoint, family):
     assert type(tokenizer) is getattr(transformers, FAMILIES[family]["tokenizer"])
     encoded = tokenizer("The court rejected the appeal.", "The appeal was rejected.")
     assert ("token_type_ids" in encoded) is (family in TOKEN_TYPES)
-    assert encoded["input_ids"][0] == tokenizer.cls_token_id and encoded["input_ids"][-1] == tokenizer.sep_token_id
+    first, last = tokenizer.cls_token_id or tokenizer.bos_token_id, tokenizer.sep_token_id or tokenizer.eos_token_id
+    assert encoded["input_ids"][0] == first and encoded["input_ids"][-1] == last  # EuroBERT: Llama 3's bos, eos
     assert tokenizer.unk_token_id not in encoded["input_ids"]  # a vocabulary of MRPC's words
 
 
@@ -83,9 +91,11 @@ def test_both_heads_start_from_every_encoder_weight(family_checkpoint, family, p
     model = load_classifier(folder, MRPC, pooling).eval()
     prefix = _encoder_prefix(model)
     loaded = {name.removeprefix(prefix): w for name, w in model.state_dict().items() if name.startswith(prefix)}
-    assert set(loaded) <= set(encoder) and {name for name in encoder if not name.startswith("pooler.")} <= set(loaded)
+    assert {name for name in encoder if not name.startswith("pooler.")} <= set(loaded)
     assert not (pooling == "mean" and any(name.startswith("pooler.") for name in loaded))  # mean: no pooler
-    assert all(torch.equal(w, encoder[name]) for name, w in loaded.items())  # none left at a new random value
+    new_pooler = {"pooler.dense.weight", "pooler.dense.bias"} if pooling == "cls" and family in NEW_POOLER else set()
+    assert set(loaded) - set(encoder) == new_pooler
+    assert all(torch.equal(w, encoder[name]) for name, w in loaded.items() if name in encoder)  # none left random
     head = {name.rsplit(".", 1)[0] for name, _ in model.named_parameters() if not name.startswith(prefix)}
     assert head == set(HEADS[family] if pooling == "cls" else ["classifier"])
     if pooling == "mean":  # dropout + linear on the masked mean; token_type_ids only to a family that takes them
@@ -98,10 +108,9 @@ def test_both_heads_start_from_every_encoder_weight(family_checkpoint, family, p
             mask = batch["attention_mask"].unsqueeze(-1).float()
             torch.testing.assert_close(logits, model.classifier((hidden * mask).sum(1) / mask.sum(1)))
             types = {"token_type_ids": torch.ones_like(batch["input_ids"])}
-            changed = model(**{**batch, **types}).logits
-        assert model.takes_token_type_ids is (family not in ("distilbert", "mpnet"))
-        if family in ("distilbert", "mpnet"):  # given anyway, they are left out
-            torch.testing.assert_close(changed, logits)
+            changed = model(**{**batch, **types}).logits if family in NO_TOKEN_TYPE_INPUT else logits
+        assert model.takes_token_type_ids is (family not in NO_TOKEN_TYPE_INPUT)
+        torch.testing.assert_close(changed, logits)  # given anyway, they are left out
 
 
 def test_a_model_type_without_an_encoder_class_is_named():
@@ -142,8 +151,11 @@ def test_a_family_trains_evaluates_predicts_and_is_reused(family_checkpoint, sma
     prefix, trained = _encoder_prefix(trained_model), trained_model.state_dict()
     pretrained = tmp_path / "second" / "models" / "pretrained"
     assert download_checkpoint(str(paths.trained), pretrained)["model_type"] == family
-    encoder = load_file(pretrained / "model.safetensors")
-    assert {prefix + name for name in encoder} >= {name for name in trained if name.startswith(prefix)}
+    # the weights the folder holds, as the model names them (GTE's and NomicBERT's files keep their original names)
+    bare, info = AutoModel.from_pretrained(pretrained, output_loading_info=True)
+    encoder = {name: w for name, w in bare.state_dict().items() if name not in info["missing_keys"]}
+    dropped = {name for name in trained if name.startswith(prefix + "pooler.")} if family in NEW_POOLER else set()
+    assert {prefix + name for name in encoder} >= {name for name in trained if name.startswith(prefix)} - dropped
     assert all(torch.equal(w, trained[prefix + name]) for name, w in encoder.items() if prefix + name in trained)
     for next_pooling in POOLINGS:
         model = load_classifier(pretrained, glue_task("rte"), pooling=next_pooling)

@@ -18,15 +18,16 @@ def checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, 
     (the data's own, else the 0-based row number, with ``df.attrs["numbered"]`` True).
 
     Raises:
-        DataError: a column is missing, the split is empty, a text is null, empty or whitespace-only, a text or label is
-            a list or mapping, or an idx is not an integer or is repeated; naming ``where``, the split and, for a row's
-            fault, the row.
+        DataError: a column is missing (with a hint: ``_missing_column_hint``), the split is empty, a text is null,
+            empty or whitespace-only, a text or label is a list or mapping, or an idx is not an integer or is repeated;
+            naming ``where``, the split and, for a row's fault, the row.
     """
     missing = [c for c in text_columns if c not in ds.column_names]
     if split in ("train", "validation") and label_column not in ds.column_names:
         missing.append(label_column)
     if missing:
-        raise DataError(f"{where}: split {split!r} lacks column(s) {missing}; has {ds.column_names}")
+        raise DataError(f"{where}: split {split!r} lacks column(s) {missing}; has {ds.column_names}"
+                        f"{_missing_column_hint(ds, missing, text_columns, label_column)}")
     if len(ds) == 0:
         raise DataError(f"{where}: split {split!r} is empty")
     df = _frame(ds, text_columns, label_column)
@@ -34,6 +35,25 @@ def checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, 
     _check_plain(df, "label", where, split)
     _check_idx(df, where, split)
     return df
+
+
+def _missing_column_hint(ds: Dataset, missing: list[str], text_columns: tuple[str, ...], label_column: str) -> str:
+    """What the data may mean by its ``missing`` columns: a column of the same name but for case or the spaces
+    around it (a spreadsheet's header), or, for the label, classes one-hot in several columns (two or more columns
+    of 0 and 1 with a single 1 in each row); '' when neither."""
+    for name in missing:
+        alike = [c for c in ds.column_names if c != name and c.strip().lower() == name.strip().lower()]
+        if alike:
+            return (f"; {alike[0]!r} differs from {name!r} only in case or spaces around it: rename the column, or "
+                    "name it so in params.yaml")
+    if label_column not in missing:
+        return ""
+    flags = [c for c in ds.column_names if c not in text_columns and c != "idx" and ds.features[c].dtype in
+             ("int64", "int32", "int8", "bool") and set(ds.unique(c)) <= {0, 1}]
+    if len(flags) < 2 or not (ds.select_columns(flags).to_pandas().sum(axis=1) == 1).all():
+        return ""
+    return (f"; the classes one-hot in columns {flags}? give each row's class name in one column {label_column!r}, "
+            f"e.g. df[{label_column!r}] = df[{flags}].idxmax(axis=1)")
 
 
 def _frame(ds: Dataset, text_columns: tuple[str, ...], label_column: str) -> pd.DataFrame:

@@ -5,6 +5,7 @@ encoded as class ids (or float scores), checked row by row; a broken rule is a `
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import pandas as pd
@@ -37,25 +38,81 @@ def _label_kind(value) -> str:
     return "string"
 
 
-def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str]) -> str:
-    """The one kind (``_label_kind``) of every label of every split (``integer`` when there is none); ``frames`` and
-    ``where`` map each split to its checked frame and to what to name in errors.
+def _is_number(value) -> bool:
+    """True for a number label (``_label_kind`` other than ``"string"``) and for a text that reads as a finite one
+    (``"1"``, ``"0.5"``: a CSV column of numbers and words is read as text)."""
+    if _label_kind(value) != "string":
+        return True
+    try:
+        return math.isfinite(float(str(value)))
+    except ValueError:
+        return False
+
+
+def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str], names_given: bool) -> str:
+    """The one kind of the labels of every split: ``"number"`` (numbers, or texts that read as numbers) or
+    ``"string"`` (words); ``"number"`` when there is none. ``frames`` and ``where`` map each split to its checked
+    frame and to what to name in errors; ``names_given``: ``data.label_names`` lists the classes, so labels mixing
+    numbers and words within a split are class names (``"string"``).
 
     Raises:
-        DataError: two kinds of label, within a split or across splits; naming the first row of the second kind.
+        DataError: a split mixes numbers and words (naming its file, a row of each kind and how to fix it), or the
+            splits differ: the split whose kind is not the others' is named (on a tie, the one that is not train,
+            whose labels name the classes), with a row of each kind and the other file.
     """
-    first = None
+    kinds, first = {}, {}
     for split, df in frames.items():
         present = np.flatnonzero(~_missing(df["label"]))
-        kinds = np.array([_label_kind(v) for v in df["label"].to_numpy()[present]])
-        for i, kind in zip(present, kinds):
-            if first is None:
-                first = (kind, split)
-            elif kind != first[0]:
-                label = _plain(df["label"].iat[i])
-                raise DataError(f"{row_name(where[split], split, df, i)}: label {label!r} is a {kind}, "
-                                f"but split {first[1]!r} has {first[0]} labels; labels must be of one type")
-    return first[0] if first else "integer"
+        numbers = np.array([_is_number(v) for v in df["label"].to_numpy()[present]], dtype=bool)
+        rows = {"number": present[numbers], "string": present[~numbers]}
+        kinds[split] = "number" if rows["number"].size else "string"
+        if rows["number"].size and rows["string"].size:
+            if names_given:
+                return "string"
+            number, word = (df["label"].iat[rows[kind][0]] for kind in ("number", "string"))
+            raise DataError(f"{row_name(where[split], split, df, rows['number'][0])}: label {_plain(number)} is a "
+                            f"number, but {_row(df, rows['string'][0])}'s label {word!r} is a word: labels mix numbers "
+                            "and words; write them all as class names or all as class ids (or list every class in "
+                            "params.yaml data.label_names)")
+        if present.size:
+            first[split] = present[0]
+    labeled = [split for split in frames if split in first]
+    counts = {kind: sum(kinds[s] == kind for s in labeled) for kind in ("number", "string")}
+    if min(counts.values()) == 0:
+        return kinds[labeled[0]] if labeled else "number"
+    ahead = max(counts, key=lambda kind: (counts[kind], kinds["train"] == kind))
+    odd = next(s for s in labeled if kinds[s] != ahead)
+    other = next(s for s in labeled if kinds[s] == ahead)
+    wrong, right = (frames[s]["label"].iat[first[s]] for s in (odd, other))
+    words = {"number": "numbers", "string": "words"}
+    raise DataError(f"{row_name(where[odd], odd, frames[odd], first[odd])}: label {_plain(wrong)!r}: this split's "
+                    f"labels are {words[kinds[odd]]}, but those of {where[other]} (split {other!r}) are "
+                    f"{words[ahead]} (e.g. {_plain(right)!r}); write every file's labels the same way")
+
+
+def _row(df: pd.DataFrame, row: int) -> str:
+    """A row as ``row_name`` names it, without the file and split: ``row idx=7`` or ``row 7``."""
+    return f"row {row}" if df.attrs.get("numbered") else f"row idx={df['idx'].iat[row]}"
+
+
+def trim_labels(frames: dict[str, pd.DataFrame], where: dict[str, str]) -> None:
+    """Strip the spaces around every text label of ``frames`` (split -> checked frame) in place, so that ``" yes"``
+    and ``"yes "`` are class ``yes``, as spreadsheets export them; one WARNING names the first label trimmed and its
+    row (``where``: split -> what to name)."""
+    first = None
+    for split, df in frames.items():
+        labels = df["label"]
+        if not (pd.api.types.is_object_dtype(labels) or pd.api.types.is_string_dtype(labels)):
+            continue
+        trimmed = labels.map(lambda v: v.strip() if isinstance(v, str) else v)
+        changed = np.flatnonzero((trimmed != labels).to_numpy() & labels.map(lambda v: isinstance(v, str)).to_numpy())
+        if changed.size and first is None:
+            first = (split, df, changed[0], labels.iat[changed[0]])
+        df["label"] = trimmed
+    if first is not None:
+        split, df, row, label = first
+        log.warning("%s: label %r read as %r: spaces around labels are dropped, in every split", row_name(
+            where[split], split, df, row), label, label.strip())
 
 
 def is_regression(train: Dataset, p: DataParams, where: str = "train") -> bool:
@@ -86,14 +143,14 @@ def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
     train's sorted distinct labels. ``frames`` and ``where`` as in ``_check_label_kinds``.
 
     Raises:
-        DataError: labels of two kinds (``_check_label_kinds``).
+        DataError: labels mixing numbers and words, in a split or across splits (``_check_label_kinds``).
     """
     if p.glue_task:
         return GLUE_TASKS[p.glue_task].label_names, True
     feature = train.features.get(p.label_column)
     if isinstance(feature, ClassLabel):
         return tuple(feature.names), True
-    kind = _check_label_kinds(frames, where)
+    kind = _check_label_kinds(frames, where, p.label_names is not None)
     if p.label_names is not None:
         return tuple(p.label_names), kind != "string"
     labels = frames["train"]["label"]
@@ -170,10 +227,10 @@ def warn_rare_classes(train: np.ndarray, names: tuple[str, ...], df: pd.DataFram
     counts = np.bincount(train, minlength=len(names))
     for label in np.flatnonzero(counts == 1):
         row = int(np.flatnonzero(train == label)[0])
-        like = [n for n in names if n != names[label] and n.strip().lower() == names[label].strip().lower()]
+        like = [n for n in names if n != names[label] and n.lower() == names[label].lower()]
         log.warning("%s: class %r has this one row of %d; a stray label?%s Fix the row, or list the classes in "
                     "params.yaml data.label_names", row_name(where, "train", df, row), names[label], len(train),
-                    f" It differs from class {like[0]!r} only in case or spaces." if like else "")
+                    f" It differs from class {like[0]!r} only in case." if like else "")
 
 
 def check_train_classes(train: np.ndarray, names: tuple[str, ...], where: str) -> None:

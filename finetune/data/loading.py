@@ -5,8 +5,10 @@ the user's own files, one per split (``load_files``), each into an in-memory Dat
 
 from __future__ import annotations
 
+import codecs
 import csv
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -14,11 +16,13 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasets import DatasetDict, load_dataset, load_dataset_builder
+from datasets import Dataset, DatasetDict, load_dataset, load_dataset_builder
 from datasets.exceptions import DatasetGenerationError, DatasetsError
 
 from finetune.errors import DataError
 from finetune.runtime import unwritable
+
+log = logging.getLogger(__name__)
 
 # What datasets and pyarrow raise on a bad folder: no data files (FileNotFoundError, DataFilesNotFoundError,
 # EmptyDatasetError), an unknown config or mismatched files (ValueError), an unreadable file (ArrowInvalid, OSError).
@@ -95,7 +99,9 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
     (``FILE_FORMATS``), one split per file. ``origin``: where the paths came from, for a missing file's message
     (``{split}`` is filled in).
 
-    A CSV or TSV cell is missing only when empty (``None``, ``NA`` and ``null`` are texts).
+    A CSV or TSV cell is missing only when empty (``None``, ``NA`` and ``null`` are texts). A CSV or TSV is read as
+    spreadsheets save it (``_spreadsheet_options``, ``_drop_trailing_empty_rows``): UTF-8 with or without a byte-order
+    mark, or UTF-16 with one; a ``.csv`` separated by semicolons; CRLF line ends; empty rows at the end dropped.
 
     Raises:
         DataError: a file is missing, a folder, empty, has an unknown suffix, text that is not UTF-8 (naming the
@@ -114,10 +120,11 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
         if Path(file).stat().st_size == 0:
             raise DataError(f"{where}: the file is empty")
         builder, options = FILE_FORMATS[Path(file).suffix.lower()]
-        if builder != "parquet":
-            _check_utf8(Path(file), where)
         if builder == "csv":
-            _check_header(Path(file), options.get("delimiter", ","), where)
+            options = _spreadsheet_options(Path(file), options, where)
+            _check_header(Path(file), options, where)
+        elif builder != "parquet":
+            _check_utf8(Path(file).read_bytes(), where)
         with tempfile.TemporaryDirectory(prefix="datasets-cache-") as cache_dir:
             try:
                 splits[split] = load_dataset(builder, data_files={split: str(file)}, split=split, cache_dir=cache_dir,
@@ -131,26 +138,62 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
         if PANDAS_INDEX in splits[split].column_names:
             raise DataError(f"{where}: its first row has more fields than the header (a text with an unquoted "
                             "delimiter?); quote such texts")
+        if builder == "csv":
+            splits[split] = _drop_trailing_empty_rows(splits[split], where)
     return DatasetDict(splits)
+
+
+def _spreadsheet_options(file: Path, options: dict, where: str) -> dict:
+    """The CSV reader's ``options`` for ``file`` as a spreadsheet saved it: ``encoding`` UTF-16 when the file starts
+    with UTF-16's byte-order mark (Excel's "Unicode Text"), else UTF-8 (checked: ``_check_utf8``; a UTF-8 byte-order
+    mark is dropped); ``delimiter`` ``;`` and ``decimal`` ``,`` for a ``.csv`` whose header has semicolons and no
+    comma (Excel where the decimal mark is a comma: a score ``3,5`` is 3.5), logged.
+
+    Raises:
+        DataError: the file is neither UTF-16 with a byte-order mark nor UTF-8 (``_check_utf8``).
+    """
+    data = file.read_bytes()
+    utf16 = data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+    if not utf16:
+        _check_utf8(data, where)
+    header = data.decode("utf-16").split("\n", 1)[0] if utf16 else data.split(b"\n", 1)[0].decode("utf-8-sig")
+    options = {"delimiter": ",", **options, "encoding": "utf-16" if utf16 else "utf-8"}
+    if options["delimiter"] == "," and ";" in header and "," not in header:
+        log.info("%s: the header has semicolons and no comma: read as semicolon-separated, with decimal commas", where)
+        options.update(delimiter=";", decimal=",")
+    return options
+
+
+def _drop_trailing_empty_rows(ds: Dataset, where: str) -> Dataset:
+    """``ds`` without the rows at its end whose every cell is empty (a spreadsheet's formatted blank rows, saved as
+    ``,,``), with a WARNING naming how many; an empty row among the others stays, for the row rules to name."""
+    end = len(ds)
+    while end and all(value is None for value in ds[end - 1].values()):
+        end -= 1
+    if end == len(ds):
+        return ds
+    log.warning("%s: %d empty row(s) at the end (every cell empty, as a spreadsheet saves its blank rows) dropped",
+                where, len(ds) - end)
+    return ds.select(range(end))
 
 
 PANDAS_INDEX = "__index_level_0__"  # pandas' read_csv takes a first column without a header as the rows' index
 
 
-def _check_utf8(file: Path, where: str) -> None:
-    """Check that a text file is UTF-8 (a byte-order mark allowed).
+def _check_utf8(data: bytes, where: str) -> None:
+    """Check that a text file's ``data`` is UTF-8 (a byte-order mark allowed).
 
     Raises:
         DataError: naming the file, the split, the first line (1-based, a header counted) that is not UTF-8 and how to
-            mend it.
+            mend it (Excel on Windows saves "CSV" as cp1252).
     """
-    data = file.read_bytes()
     try:
         data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(f"{where}: line {line} is not UTF-8 (byte {data[err.start]:#04x}); save the file as UTF-8, "
-                        "e.g. iconv -f latin1 -t utf-8 (or your editor's 'Save as UTF-8')") from None
+        raise DataError(f"{where}: line {line} is not UTF-8 (byte {data[err.start]:#04x}); save the file as UTF-8 "
+                        "(Excel: 'CSV UTF-8'), or convert it, e.g. iconv -f cp1252 -t utf-8 (Windows' Western "
+                        "encoding; latin1 for ISO-8859-1)") from None
 
 
 def _check_json_lines(file: Path, where: str) -> None:
@@ -169,14 +212,16 @@ def _check_json_lines(file: Path, where: str) -> None:
                                     "JSON Lines holds one record per line") from None
 
 
-def _check_header(file: Path, delimiter: str, where: str) -> None:
-    """Check that a CSV or TSV header names each column once.
+def _check_header(file: Path, options: dict, where: str) -> None:
+    """Check that a CSV or TSV header names each column once; ``options``: the reader's ``delimiter`` and
+    ``encoding``.
 
     Raises:
         DataError: naming the file, the split and the repeated column.
     """
-    with open(file, newline="", encoding="utf-8-sig", errors="replace") as f:
-        header = next(csv.reader(f, delimiter=delimiter), [])
+    encoding = "utf-8-sig" if options["encoding"] == "utf-8" else options["encoding"]
+    with open(file, newline="", encoding=encoding, errors="replace") as f:
+        header = next(csv.reader(f, delimiter=options["delimiter"]), [])
     repeated = [c for c in dict.fromkeys(header) if header.count(c) > 1]
     if repeated:
         raise DataError(f"{where}: column {repeated[0]!r} appears twice in the header; column names must be unique")

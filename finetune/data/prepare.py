@@ -11,7 +11,14 @@ import pandas as pd
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 
 from finetune.data.checks import checked_frame
-from finetune.data.labels import check_train_classes, encode_labels, is_regression, label_names, warn_rare_classes
+from finetune.data.labels import (
+    check_train_classes,
+    encode_labels,
+    is_regression,
+    label_names,
+    trim_labels,
+    warn_rare_classes,
+)
 from finetune.errors import DataError, ParamsError
 from finetune.params import DataParams, first_repeated
 from finetune.tasks import GLUE_TASKS, Task, glue_task, own_task
@@ -58,21 +65,21 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
 
     The task: a GLUE task by ``p.config``; own data by ``p.text_columns`` and ``p.label_column``, with class names from
     the label's ``ClassLabel``, else ``p.label_names`` (their order is the id order; labels may be names or ids), else
-    train's sorted distinct labels (a WARNING names the row of a class with one train row: ``warn_rare_classes``). Float
-    labels with a fraction among them, or ``p.task_type: regression``, make it a regression (``is_regression``).
+    train's sorted distinct labels (a WARNING names the row of a class with one train row: ``warn_rare_classes``). Text
+    labels are read without the spaces around them (``trim_labels``). Float labels with a fraction among them, or
+    ``p.task_type: regression``, make it a regression (``is_regression``).
 
     The rules, checked on every split before anything is returned: a train split; the text and label columns (a test
     split may lack the label, or hold -1 or null throughout: unlabeled); rows in every split; no null, empty or
-    whitespace-only text; labels not null, of one kind across splits, among the class names (classification) or finite
-    numbers (regression); integer idx, none twice in a split; at least two classes in train, and none elsewhere that
-    train lacks.
+    whitespace-only text; labels not null, all numbers or all words across splits, among the class names
+    (classification) or finite numbers (regression); integer idx, none twice in a split; at least two classes in train,
+    and none elsewhere that train lacks.
 
     Raises:
         ParamsError: a text column or class name listed twice, the label column among the text columns
-            (``check_own_columns``), or ``data.label_names`` / ``data.positive_label`` set for a regression; naming the
-            key.
-        DataError: no train split, a broken rule (naming the folder or file, the split, the row and the rule), or a
-            ``data.positive_label`` / ``data.symmetric`` the data does not allow (``own_task``).
+            (``check_own_columns``), ``data.label_names`` / ``data.positive_label`` set for a regression, or a
+            ``data.positive_label`` / ``data.symmetric`` the data does not allow (``own_task``); naming the key.
+        DataError: no train split, or a broken rule (naming the folder or file, the split, the row and the rule).
     """
     if p.glue_task:  # MNLI's matched splits are its validation and test
         raw = DatasetDict({GLUE_TASKS[p.glue_task].splits.get(s, s): ds for s, ds in raw.items()})
@@ -84,6 +91,8 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
     if not p.glue_task:
         check_own_columns(p)
     frames = {split: checked_frame(ds, split, where[split], text_columns, label_column) for split, ds in raw.items()}
+    if not p.glue_task:
+        trim_labels(frames, where)
 
     # labels: names (or regression), then ids, train first: the other splits may only hold its classes
     regression = GLUE_TASKS[p.glue_task].label_names is None if p.glue_task else \
@@ -104,9 +113,9 @@ def prepare_raw(raw: DatasetDict, p: DataParams, where: dict[str, str]) -> tuple
             labels[split] = encode_labels(df, split, where[split], names, ids, seen=labels["train"])
     try:
         task = glue_task(p.glue_task) if p.glue_task else \
-            own_task(text_columns, names, p.positive_label, bool(p.symmetric))
+            own_task(text_columns, names, p.positive_label, bool(p.symmetric), where["train"])
     except ValueError as err:
-        raise DataError(f"{where['train']}: {err}") from None
+        raise ParamsError(f"params.yaml: {err}") from None
 
     label_feature = Value("float32") if regression else ClassLabel(names=list(names))
     return DatasetDict({split: _prepared(df, labels[split], text_columns, label_feature)

@@ -3,7 +3,8 @@
 
 - ``onnx-fp32``: ``torch.onnx.export``, dynamo exporter; batch and sequence length dynamic; one ``model.onnx``.
 - ``onnx-int8``: ``onnxruntime.quantization.quantize_dynamic`` of the fp32 file: int8 weights, activations quantized
-  per batch at run time; only matmuls with a constant weight (``MatMulConstBOnly``), less ``export.int8.keep_fp32``.
+  per batch at run time; only matmuls with a constant weight (``MatMulConstBOnly``), less the attention projections
+  whose roles ``export.int8.keep_fp32`` names (``ATTENTION_PROJECTIONS``).
   https://onnxruntime.ai/docs/performance/model-optimizations/quantization.html
 - ``torch-bf16``: ``save_pretrained`` of the bf16 model; skipped where bf16 would be emulated (``bf16_unsupported``).
 """
@@ -30,6 +31,7 @@ from finetune.data.batches import MODEL_INPUTS
 from finetune.errors import ExportError
 from finetune.hardware import cpu_bf16_flags
 from finetune.inference.runtimes import ONNX_FILE
+from finetune.modeling import MeanPooledConfig
 
 log = logging.getLogger(__name__)
 
@@ -114,26 +116,60 @@ def module_of(node) -> str:
     return ""
 
 
-def quantize_int8(fp32_path: Path, int8_path: Path, per_channel: bool, keep_fp32: list[str]) -> list[str]:
+# The attention's query, key and value projections of each encoder family, by role (``export.int8.keep_fp32``): the
+# last part of their module names in transformers' modeling_<family>.py, one per role; a fused projection serves all
+# three (ModernBERT's Wqkv). A family not listed is read with BERT's names (XLM-RoBERTa, CamemBERT, ALBERT, ...);
+# ``quantize_int8`` stops naming the family when a role's module is not in its graph.
+ROLES = ("query", "key", "value")
+_BERT = ("query", "key", "value")
+_PROJ = ("q_proj", "k_proj", "v_proj")
+ATTENTION_PROJECTIONS = {
+    "bert": _BERT, "roberta": _BERT, "electra": _BERT,
+    "distilbert": ("q_lin", "k_lin", "v_lin"),
+    "deberta-v2": ("query_proj", "key_proj", "value_proj"),
+    "mpnet": ("q", "k", "v"),
+    "modernbert": ("Wqkv", "Wqkv", "Wqkv"),
+    "eurobert": _PROJ, "gte": _PROJ, "nomic_bert": _PROJ, "jina_embeddings_v3": _PROJ,
+}
+
+
+def encoder_type(config) -> str:
+    """The encoder's model type of a classifier's config: its own, or a mean-pooled model's encoder's."""
+    return config.encoder.model_type if config.model_type == MeanPooledConfig.model_type else config.model_type
+
+
+def quantize_int8(fp32_path: Path, int8_path: Path, per_channel: bool, keep_fp32: list[str],
+                  model_type: str) -> list[str]:
     """Write ``fp32_path``'s model with int8 weights to ``int8_path``; return the modules kept fp32.
 
     Args:
         per_channel: one scale per output channel of each weight (else one per tensor).
-        keep_fp32: a matmul stays fp32 when its module's name is one of these or ends with ``.<name>``
-            (``query`` matches ``bert.encoder.layer.0.attention.self.query``); a WARNING when none matches.
+        keep_fp32: roles of ``ROLES``: the matmuls of the attention projections in those roles stay fp32, found by
+            the ``model_type`` encoder's names (``ATTENTION_PROJECTIONS``), a module whose name ends with
+            ``.<name>``.
+
+    Raises:
+        ExportError: a role's projection is not in the graph (the family names it otherwise); naming the model type,
+            the role and the name looked for.
     """
     import onnx  # heavy, and only the ONNX forms need it
     from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy, only the int8 form needs it
 
-    graph = onnx.load(str(fp32_path)).graph
-    kept_nodes, kept_modules = [], []
-    for node in graph.node:
+    names = ATTENTION_PROJECTIONS.get(model_type, _BERT)
+    wanted = {role: names[ROLES.index(role)] for role in keep_fp32}
+    kept_nodes, kept_modules = [], set()
+    for node in onnx.load(str(fp32_path)).graph.node:
         module = module_of(node)
-        if node.op_type in ("MatMul", "Gemm") and any(module == k or module.endswith(f".{k}") for k in keep_fp32):
+        if node.op_type in ("MatMul", "Gemm") and any(module.endswith(f".{name}") for name in wanted.values()):
             kept_nodes.append(node.name)
-            kept_modules.append(module)
-    if keep_fp32 and not kept_nodes:
-        log.warning("export.int8.keep_fp32 %s matches no module of this model: every matmul is int8", keep_fp32)
+            kept_modules.add(module)
+    missing = [role for role, name in wanted.items() if not any(m.endswith(f".{name}") for m in kept_modules)]
+    if missing:
+        known = "is" if model_type in ATTENTION_PROJECTIONS else "is not"
+        raise ExportError(f"export.int8.keep_fp32: model type {model_type!r} has no attention {missing[0]} projection "
+                          f"named {wanted[missing[0]]!r} (its family {known} in ATTENTION_PROJECTIONS, "
+                          "finetune/export/make.py); add its names there, or set export.int8.keep_fp32: [] to make "
+                          "every matmul int8")
     root = logging.getLogger()
     level, root.level = root.level, logging.ERROR  # the quantizer logs a line per node (and advice) to the root logger
     try:
@@ -141,7 +177,7 @@ def quantize_int8(fp32_path: Path, int8_path: Path, per_channel: bool, keep_fp32
                          nodes_to_exclude=kept_nodes, extra_options={"MatMulConstBOnly": True})
     finally:
         root.setLevel(level)
-    return sorted(set(kept_modules))
+    return sorted(kept_modules)
 
 
 def bf16_unsupported() -> str | None:
@@ -195,10 +231,15 @@ def make_onnx_fp32(job: MakeJob) -> dict:
 
 
 def make_onnx_int8(job: MakeJob) -> dict:
-    """The ``onnx-int8`` form: ``quantize_int8`` of the base's file; returns ``{"kept_fp32_matmuls": n}``."""
+    """The ``onnx-int8`` form: ``quantize_int8`` of the base's file; returns ``{"kept_fp32_matmuls": n}``.
+
+    Raises:
+        ExportError: ``export.int8.keep_fp32`` names a role whose projection the model's family names otherwise.
+    """
     log.info("%s: quantizing with onnxruntime.quantization.quantize_dynamic", job.form)
     p = job.params.int8
-    kept = quantize_int8(job.base / ONNX_FILE, job.folder / ONNX_FILE, p.per_channel, p.keep_fp32)
+    kept = quantize_int8(job.base / ONNX_FILE, job.folder / ONNX_FILE, p.per_channel, p.keep_fp32,
+                         encoder_type(job.model.config))
     log.info("%s: %d matmuls kept fp32 (export.int8.keep_fp32): %s", job.form, len(kept), kept)
     return {"kept_fp32_matmuls": len(kept)}
 

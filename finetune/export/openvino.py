@@ -38,11 +38,21 @@ def openvino_missing() -> str | None:
 
 def save_openvino(model, folder: Path, precision: str = "f32", **record) -> Path:
     """Save ``model`` (an ONNX file's path or an OpenVINO model) as IR in ``folder``, with an ``openvino.json`` of
-    ``precision`` (the ``INFERENCE_PRECISION_HINT``, f32 or bf16) and ``record``."""
+    ``precision`` (the ``INFERENCE_PRECISION_HINT``, f32 or bf16) and ``record``.
+
+    Raises:
+        ExportError: OpenVINO can't convert the ONNX file; naming it and OpenVINO's first line.
+    """
     import openvino as ov  # optional: the serve extra
 
     folder.mkdir(parents=True, exist_ok=True)
-    model = ov.convert_model(str(model)) if isinstance(model, Path) else model
+    if isinstance(model, Path):
+        try:
+            model = ov.convert_model(str(model))
+        except Exception as err:  # OpenVINO's many error types
+            raise ExportError(f"export.forms {folder.name}: openvino.convert_model can't convert {model}: "
+                              f"{type(err).__name__}: {str(err).splitlines()[0][:300]}; remove the OpenVINO forms "
+                              "from export.forms for this model") from None
     ov.save_model(model, str(folder / OV_FILE), compress_to_fp16=False)
     (folder / OV_CONFIG).write_text(json.dumps({"inference_precision": precision, **record}, indent=2) + "\n")
     return folder
@@ -80,14 +90,22 @@ def quantize_openvino(onnx_path: Path, folder: Path, samples: list[dict[str, np.
 
 
 def make_openvino_fp32(job: MakeJob) -> dict:
-    """The ``openvino-fp32`` form: the base's ONNX file as IR, hint f32."""
+    """The ``openvino-fp32`` form: the base's ONNX file as IR, hint f32.
+
+    Raises:
+        ExportError: OpenVINO can't convert the file (``save_openvino``).
+    """
 
     save_openvino(job.base / ONNX_FILE, job.folder, "f32")
     return {}
 
 
 def make_openvino_bf16(job: MakeJob) -> dict:
-    """The ``openvino-bf16`` form: the base's ONNX file as IR, hint bf16."""
+    """The ``openvino-bf16`` form: the base's ONNX file as IR, hint bf16.
+
+    Raises:
+        ExportError: OpenVINO can't convert the file (``save_openvino``).
+    """
 
     save_openvino(job.base / ONNX_FILE, job.folder, "bf16")
     return {}
