@@ -424,6 +424,15 @@ def test_semicolon_separated_scores_are_numbers(tmp_path, monkeypatch):
     assert record["task"]["label_names"] is None and record["splits"]["train"]["label_mean"] > 0
 
 
+def test_a_file_name_too_long_for_the_file_system_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "own").mkdir(parents=True)
+    data = {"dataset": None, "config": None, "local_copy": None, "files": {"train": "data/own/" + "x" * 300 + ".csv"},
+            "text_columns": ["question", "answer"], "label_column": "verdict"}
+    with pytest.raises(DataError, match=r"x\.csv: split 'train': File name too long \(params.yaml data.files.train\)$"):
+        download_dataset(tiny_params(data=data).data, tmp_path / "data" / "raw")
+
+
 @pytest.mark.parametrize("frame,message", [
     (lambda: _own_good()["train"].rename(columns={"verdict": "Verdict "}),
      "data/own/train.csv: split 'train' lacks column(s) ['verdict']; has ['question', 'answer', 'Verdict ']; "

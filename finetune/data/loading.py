@@ -104,16 +104,21 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
     mark, or UTF-16 with one; a ``.csv`` separated by semicolons; CRLF line ends; empty rows at the end dropped.
 
     Raises:
-        DataError: a file is missing, a folder, empty, has an unknown suffix, text that is not UTF-8 (naming the
-            line), a header with a column twice, a first row with more fields than the header, no rows, a JSON Lines
-            line that is not JSON (naming the line), or can't be parsed; naming the file and the split.
+        DataError: a file is missing (or its name too long), a folder, empty, has an unknown suffix, text that is
+            not UTF-8 (naming the line), a header with a column twice, a first row with more fields than the header,
+            no rows, a JSON Lines line that is not JSON (naming the line), or can't be parsed; naming the file and the
+            split.
     """
     splits = {}
     for split, file in files.items():
         where = f"{file}: split {split!r}"
-        if Path(file).is_dir():
+        try:
+            folder, found = Path(file).is_dir(), Path(file).is_file()
+        except OSError as err:  # a name longer than the file system allows
+            raise DataError(f"{where}: {err.strerror} ({origin.format(split=split)})") from None
+        if folder:
             raise DataError(f"{where}: is a folder; name a file")
-        if not Path(file).is_file():
+        if not found:
             raise DataError(f"{where}: file not found ({origin.format(split=split)})")
         if Path(file).suffix.lower() not in FILE_FORMATS:
             raise DataError(f"{where}: unknown format; use one of {', '.join(FILE_FORMATS)}")
