@@ -264,7 +264,7 @@ def test_export_params_are_checked():
     with pytest.raises(ParamsError, match=r"export.opset"):
         tiny_params(export={"opset": 9})
     # keep_fp32 names roles; each family's module names are the code's (ATTENTION_PROJECTIONS)
-    with pytest.raises(ParamsError, match=r"export.int8.keep_fp32.0: Input should be 'query', 'key' or 'value' "
+    with pytest.raises(ParamsError, match=r"export.int8.keep_fp32\[0\]: Input should be 'query', 'key' or 'value' "
                                           r"\(got 'q_lin'\)$"):
         tiny_params(export={"int8": {"per_channel": True, "keep_fp32": ["q_lin"]}})
     with pytest.raises(ParamsError, match=r"export.int8.keep_fp32: 'key' is listed twice; list each once$"):
