@@ -7,14 +7,15 @@ engine, on loopback, and a check that what it serves is what the evaluate stage 
 - the baseline (benchmarks/load_baseline.py): what a user writes first, a FastAPI app calling
   ``pipeline("text-classification")`` in fp32 on the fine-tuned model, one request at a time.
 
-tools.serve and the bare engine alternate ``--rounds`` times, tools.serve first; the baseline runs once, last. Each
-run sends its levels (1, 8 and 32 clients; benchmarks/load_client.py) after a few untimed requests, and measures the
-CPU time of each process of the server at the top level (benchmarks/load_processes.py). The first tools.serve run
-first sends the whole validation split, one example per request, and compares each answer with the evaluate stage's
-data/predictions/validation.csv (benchmarks/load_agreement.py). Before the servers, the form alone is timed
-in-process at batch 32 (``finetune.export.speed.form_speed``, the export stage's timing). ``--project`` names the
-project folder (default: here) whose models/finetuned, models/exported, data/predictions, data/tokenized and
-metrics/ are read; the servers run this checkout's code.
+tools.serve and the bare engine alternate ``--rounds`` times, in ABBA order (tools.serve first in odd rounds, the bare
+engine in even ones); the baseline runs once, last. Each run sends its levels (1, 8 and 32 clients;
+benchmarks/load_client.py) after a few untimed requests, and measures the CPU time of each process of the server at the
+top level (benchmarks/load_processes.py). The first tools.serve run first sends the whole validation split, one example
+per request, and compares each answer with the evaluate stage's data/predictions/validation.csv
+(benchmarks/load_agreement.py). Before the servers, the form alone is timed in-process at batch 32
+(``finetune.export.speed.form_speed``, the export stage's timing). ``--project`` names the project folder (default:
+here) whose models/finetuned, models/exported, data/predictions, data/tokenized and metrics/ are read; the servers run
+this checkout's code.
 
     python -m benchmarks.load                                    # the served form (metrics/export.json)
     python -m benchmarks.load --serve-args=--no-restart-workers     # one of tools.serve's choices
@@ -188,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
         rows_per_s, in_process_line = in_process(form, folder, args.project, args.device)
     check, allowed, why = served_as_evaluated(args, paths, form, rows, task, own)
 
-    order = [s for s in ("engine", "bare") * args.rounds if s in args.servers]
+    # ABBA: tools.serve first in odd rounds, the bare engine first in even ones, so neither always runs first
+    pairs = [("engine", "bare") if r % 2 == 0 else ("bare", "engine") for r in range(args.rounds)]
+    order = [s for pair in pairs for s in pair if s in args.servers]
     order += ["baseline"] if "baseline" in args.servers else []
     last_engine = max((i for i, s in enumerate(order) if s == "engine"), default=None)
     runs = []

@@ -122,8 +122,9 @@ def report(record: dict) -> str:
              f"The form: {record['form']} ({record['folder']}), served in {record['served_in']}. Each request one "
              f"validation example of {record['rows']} in turn, on a new connection; each level at most "
              f"{record['requests']} requests and {record['seconds']:g} s. tools.serve and the bare engine alternate in "
-             f"{record['rounds']} rounds (tools.serve first), the baseline runs once, last; each number of a server "
-             "run more than once is the median of its rounds. The commands (each also given `--port`):", ""]
+             f"{record['rounds']} rounds in ABBA order (tools.serve first in odd rounds), the baseline runs once, "
+             "last; each number of a server run more than once is the median of its rounds. The commands (each also "
+             "given `--port`):", ""]
     lines += [f"- {NAMES[server]}: `{command}`" for server, command in record["commands"].items()]
     lines += [""] + [part for line in headline(by) for part in (line, "")]
     if agreement is not None:

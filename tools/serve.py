@@ -85,14 +85,15 @@ def serve(args: argparse.Namespace) -> None:
     PredictRequest.pair, PredictRequest.max_examples = len(task.text_columns) == 2, args.max_examples
     open_options = {"max_length": args.max_length, "max_length_key": "--max-length", "num_threads": args.num_threads,
                     "load_options": {"performance_hint": args.openvino_hint} if openvino else None}
-    api = FormAPI(form, folder, open_options, args.pad_to_multiple_of, args.fill_rows, args.log_level,
+    api = FormAPI(form, folder, open_options, args.pad_to_multiple_of, args.fill_rows, args.tokenizer_threads,
+                  args.log_level,
                   max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
     info = {"form": form, "folder": str(folder), "task": task.name, "labels": task.label_names,
             **{k: v for k, v in vars(args).items() if k not in ("form", "model", "exported")}}  # GET /info
     server = ls.LitServer(api, accelerator=args.device, devices=1, workers_per_device=args.workers_per_device,
                           timeout=args.timeout, max_payload_size=args.max_body_bytes,
                           restart_workers=args.restart_workers, model_metadata=info,
-                          middlewares=[(Deadline, {"seconds": args.timeout + 1})])
+                          middlewares=[(Deadline, {"timeout": args.timeout})])
 
     async def refused(request, err: RequestValidationError) -> JSONResponse:
         status, message = refusal(err.errors())
@@ -146,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="CPU threads per model worker (default: this machine's CPUs / --workers-per-device)")
     parser.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
                         help="restart a model worker that died (LitServe's restart_workers)")
+    parser.add_argument("--tokenizer-threads", action=argparse.BooleanOptionalAction, default=False,
+                        help="tokenize each batch on the tokenizers library's thread pool (TOKENIZERS_PARALLELISM); "
+                        "off by default: a batch of short texts gains nothing, and the pool's threads spin on the "
+                        "cores the model and the HTTP process need")
     parser.add_argument("--openvino-hint", default=None, choices=["LATENCY", "THROUGHPUT"],
                         help="an openvino-* form's PERFORMANCE_HINT (default: OpenVINO's own)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

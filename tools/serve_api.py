@@ -95,20 +95,22 @@ Request = list[tuple[str, ...]]  # a request's examples, each its texts in FIELD
 class FormAPI(ls.LitAPI):
     """The model of ``form`` in ``folder`` behind LitServe: each batch of requests scored by ``Predictor.logits`` in
     chunks of at most ``max_batch_size`` examples, padded to a multiple of ``pad_multiple`` tokens and, with
-    ``fill_rows``, filled up to a ``row_buckets`` size, so a runtime that compiles each shape meets few of them.
+    ``fill_rows``, filled up to a ``row_buckets`` size, so a runtime that compiles each shape meets few of them;
+    ``tokenizer_threads``: the tokenizers library's thread pool on (``TOKENIZERS_PARALLELISM``) in the model worker.
     ``open_options`` go to ``open_form`` (truncation, CPU threads, the loader's options). On ``cuda`` (the
     ``pytorch`` form only) the model runs in bf16, fp16 where the GPU lacks bf16."""
 
     def __init__(self, form: str, folder: Path, open_options: dict, pad_multiple: int, fill_rows: bool,
-                 log_level: str, **batching):
+                 tokenizer_threads: bool, log_level: str, **batching):
         super().__init__(**batching)
         self.form, self.folder, self.open_options, self.log_level = form, folder, open_options, log_level
-        self.pad_multiple, self.fill_rows = pad_multiple, fill_rows
+        self.pad_multiple, self.fill_rows, self.tokenizer_threads = pad_multiple, fill_rows, tokenizer_threads
 
     def setup(self, device: str) -> None:
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
         log.setLevel(self.log_level.upper())
         outlive_sigterm()
+        os.environ["TOKENIZERS_PARALLELISM"] = "true" if self.tokenizer_threads else "false"  # read at each call
         dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if device != "cpu" else None
         try:
             self.predictor = open_form(self.folder, self.form, device=device, dtype=dtype, **self.open_options)

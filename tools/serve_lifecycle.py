@@ -68,12 +68,15 @@ def outlive_sigterm() -> None:
 
 
 class Deadline:
-    """ASGI middleware: a ``/predict`` request not answered within ``seconds`` gets a 504 naming the limit. Own code:
-    LitServe restarts a model worker that died (``restart_workers``), but the requests that worker held are never
-    answered, and its own request timeout is kept by the worker."""
+    """ASGI middleware: a ``/predict`` request not answered within ``timeout`` seconds (``--timeout``) gets a 504
+    naming the limit, sent ``GRACE`` seconds later, so that LitServe's own timeout, kept by a live worker, answers
+    first. Own code: LitServe restarts a model worker that died (``restart_workers``), but the requests that worker
+    held are never answered."""
 
-    def __init__(self, app, seconds: float):
-        self.app, self.seconds = app, seconds
+    GRACE = 1.0  # seconds after --timeout
+
+    def __init__(self, app, timeout: float):
+        self.app, self.timeout = app, timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != "/predict":
@@ -86,14 +89,14 @@ class Deadline:
             await send(message)
 
         try:
-            async with asyncio.timeout(self.seconds):
+            async with asyncio.timeout(self.timeout + self.GRACE):
                 await self.app(scope, receive, tracked)
         except TimeoutError:
             if started:
                 raise
             log.error("No answer within %g s (--timeout): the model worker is busy, or died and is restarting",
-                      self.seconds)
-            body = json.dumps({"error": f"no answer from the model within {self.seconds:g} s (--timeout); the "
+                      self.timeout)
+            body = json.dumps({"error": f"no answer from the model within {self.timeout:g} s (--timeout); the "
                                         "model worker is overloaded or restarting: retry"}).encode()
             await send({"type": "http.response.start", "status": 504,
                         "headers": [(b"content-type", b"application/json")]})
