@@ -59,17 +59,21 @@ def start_server(command: list[str], port: int, timeout: float = 300) -> subproc
     raise SystemExit(f"ERROR: {' '.join(command)} not ready after {timeout} s")
 
 
-def stop_server(process: subprocess.Popen) -> int:
+def stop_server(process: subprocess.Popen, timeout: float = 30) -> int:
     """SIGTERM to the server, then its exit status (killed after 60 s); whatever is left of its process group is
-    killed."""
+    killed, and waited for up to ``timeout`` seconds, so its port is free for the next run."""
     process.send_signal(signal.SIGTERM)
     try:
         status = process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
         status = process.wait()
+    deadline = time.monotonic() + timeout
     try:
         os.killpg(process.pid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            os.killpg(process.pid, 0)  # raises once no process of the group is left
+            time.sleep(0.1)
     except ProcessLookupError:
         pass
     return status
