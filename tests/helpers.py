@@ -163,11 +163,12 @@ def mrpc_sentences(rows: int = 300) -> list[str]:
     return [*df["sentence1"], *df["sentence2"]]
 
 
-def make_family_checkpoint(folder: Path, family: str, vocab_size: int = 400) -> Path:
-    """A random 2-layer ``family`` encoder (hidden 32, no head) saved with a tokenizer of the family's class, trained
-    on MRPC sentences (``vocab_size`` tokens, the family's special tokens, at most 128 tokens), into ``folder``. The
-    config's special token ids (``pad_token_id``, ``cls_token_id``, ...) are the tokenizer's, None where it has no
-    such token."""
+def make_family_checkpoint(folder: Path, family: str, vocab_size: int = 400,
+                           layers: int = TINY_ENCODER["num_hidden_layers"]) -> Path:
+    """A random ``family`` encoder of ``layers`` layers (hidden 32, no head) saved with a tokenizer of the family's
+    class, trained on MRPC sentences (``vocab_size`` tokens, the family's special tokens, at most 128 tokens), into
+    ``folder``. The config's special token ids (``pad_token_id``, ``cls_token_id``, ...) are the tokenizer's, None
+    where it has no such token."""
     import torch
     import transformers
 
@@ -178,8 +179,8 @@ def make_family_checkpoint(folder: Path, family: str, vocab_size: int = 400) -> 
     special = {key: getattr(tokenizer, key, None) for key in transformers.AutoConfig.for_model(family).to_dict()
                if key.endswith("_token_id")}
     torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(family, vocab_size=len(tokenizer), **special, **TINY_ENCODER,
-                                               **settings["config"])
+    config = transformers.AutoConfig.for_model(family, vocab_size=len(tokenizer), **special,
+                                               **{**TINY_ENCODER, "num_hidden_layers": layers}, **settings["config"])
     transformers.AutoModel.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
