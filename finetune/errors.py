@@ -47,3 +47,9 @@ def field_error(error: dict, skip: int = 0) -> str:
     if message.startswith(("[", ".")):
         return f"{path}{message}".lstrip(".")
     return f"{path.lstrip('.') or '<top level>'}: {message}"
+
+
+def first_line(err: Exception, limit: int = 300) -> str:
+    """``err`` in one line for a message: its type and the first line of its text, cut at ``limit`` characters
+    (``OSError: Can't load tokenizer ...``)."""
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:limit]}"

@@ -86,8 +86,7 @@ def serve(args: argparse.Namespace) -> None:
     open_options = {"max_length": args.max_length, "max_length_key": "--max-length", "num_threads": args.num_threads,
                     "load_options": {"performance_hint": args.openvino_hint} if openvino else None}
     api = FormAPI(form, folder, open_options, args.pad_to_multiple_of, args.fill_rows, args.tokenizer_threads,
-                  args.log_level,
-                  max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
+                  args.log_level, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
     info = {"form": form, "folder": str(folder), "task": task.name, "labels": task.label_names,
             **{k: v for k, v in vars(args).items() if k not in ("form", "model", "exported")}}  # GET /info
     server = ls.LitServer(api, accelerator=args.device, devices=1, workers_per_device=args.workers_per_device,

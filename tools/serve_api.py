@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 
 from finetune.data.batches import row_buckets
-from finetune.errors import PipelineError, field_error
+from finetune.errors import PipelineError, field_error, first_line
 from finetune.export.registry import open_form
 from tools.serve_lifecycle import outlive_sigterm
 
@@ -138,7 +138,7 @@ class FormAPI(ls.LitAPI):
         except Exception as err:  # whatever the model raised: only the request that causes it gets an error
             if len(requests) == 1:
                 return [self.failure(requests[0], err)]
-            log.warning("A batch of %d requests failed (%s); scoring each alone", len(requests), _first_line(err))
+            log.warning("A batch of %d requests failed (%s); scoring each alone", len(requests), first_line(err, 200))
             return [self.alone(request) for request in requests]
 
     def score(self, requests: list[Request]) -> list[list[dict]]:
@@ -163,12 +163,12 @@ class FormAPI(ls.LitAPI):
                 try:
                     self.predictor.encode([(text,)])
                 except Exception as refused:  # the tokenizer's own error, whatever its type
-                    log.warning("inputs[%d].%s: refused by the tokenizer (%s)", i, field, _first_line(refused))
+                    log.warning("inputs[%d].%s: refused by the tokenizer (%s)", i, field, first_line(refused, 200))
                     return JSONResponse({"error": f"inputs[{i}].{field}: the tokenizer can't take this text "
-                                                  f"({_first_line(refused)})"}, status_code=422)
+                                                  f"({first_line(refused, 200)})"}, status_code=422)
         log.error("The model failed on a request of %d examples", len(request), exc_info=err)
-        return JSONResponse({"error": f"the model failed on this request ({_first_line(err)}); the server logged it"},
-                            status_code=500)
+        return JSONResponse({"error": f"the model failed on this request ({first_line(err, 200)}); the server "
+                                      "logged it"}, status_code=500)
 
     def unbatch(self, outputs: list[list[dict] | JSONResponse]) -> list[list[dict] | JSONResponse]:
         return outputs
@@ -176,7 +176,3 @@ class FormAPI(ls.LitAPI):
     def encode_response(self, output: list[dict] | JSONResponse) -> dict:
         # a JSONResponse (one request's error) passes through LitServe and FastAPI as it is
         return output if isinstance(output, JSONResponse) else {"predictions": output}
-
-
-def _first_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from finetune.data.batches import TokenRows, scoring_batches
 from finetune.data.tokenization import position_limit, truncation_length
-from finetune.errors import CheckpointError, PipelineError
+from finetune.errors import CheckpointError, PipelineError, first_line
 from finetune.modeling import check_checkpoint, load_finetuned
 from finetune.runtime import set_cpu_threads
 from finetune.tasks import Task, predictions_of
@@ -83,14 +83,14 @@ class Predictor:
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder, config=config)
         except (OSError, ValueError) as err:
-            raise CheckpointError(f"{folder}: cannot load its tokenizer: {_first_line(err)}") from None
+            raise CheckpointError(f"{folder}: cannot load its tokenizer: {first_line(err)}") from None
         max_length = truncation_length(tokenizer, max_length, position_limit(config), key=max_length_key)
         try:
             model = (load or load_finetuned)(folder, config).eval()
         except PipelineError:
             raise
         except Exception as err:  # a damaged weights file: safetensors', torch's and the runtimes' own errors
-            raise CheckpointError(f"{folder}: cannot load the {form} model: {_first_line(err)}") from None
+            raise CheckpointError(f"{folder}: cannot load the {form} model: {first_line(err)}") from None
         if next(model.parameters(), None) is not None:
             model = accelerator.prepare(model) if accelerator is not None else model.to(device, dtype=dtype)
         return cls(model, tokenizer, task, max_length, accelerator=accelerator, device=device)
@@ -185,7 +185,3 @@ def answers(logits: torch.Tensor, task: Task) -> list[dict]:
     probabilities = zip(*(columns[f"probability_{name}"].tolist() for name in names))
     return [{"label": label, "probabilities": {name: round(p, 5) for name, p in zip(names, row)}}
             for label, row in zip(columns["prediction"].tolist(), probabilities)]
-
-
-def _first_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
