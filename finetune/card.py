@@ -18,9 +18,9 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ruamel.yaml import YAMLError
 
+from finetune.checkpoint_files import check_checkpoint_files
 from finetune.errors import PipelineError
 from finetune.evaluate.collapse import describe_constant
-from finetune.modeling import check_checkpoint
 from finetune.params import DataParams, Params
 from finetune.paths import EVALUATION_LOGS, Paths
 from finetune.runtime import atomic_dir, markdown_table, yaml_reader
@@ -238,7 +238,7 @@ def model_card(params: Params, paths: Paths) -> ModelCard:
         CheckpointError: ``paths.trained`` lacks config, weights or tokenizer, or task.json.
         PipelineError: a metrics file is missing (a stage before has not run).
     """
-    check_checkpoint(paths.trained)
+    check_checkpoint_files(paths.trained)
     task = Task.load(paths.trained)
     evaluation, train = read_json(paths.metrics / "eval.json"), read_json(paths.metrics / "train.json")
     provenance = read_json(paths.metrics / "provenance.json")

@@ -10,13 +10,13 @@ import inspect
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
+from finetune.checkpoint_files import DAMAGED, check_checkpoint_files
 from finetune.errors import CheckpointError
 from finetune.tasks import Task
 
@@ -206,49 +206,26 @@ def load_finetuned(model_dir: str | Path, config: PreTrainedConfig | None = None
     return AutoModelForSequenceClassification.from_pretrained(model_dir, config=config or check_checkpoint(model_dir))
 
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
-
-
 def check_checkpoint(checkpoint_dir: str | Path, need_weights: bool = True) -> PreTrainedConfig:
-    """Check that a local checkpoint folder has a config, weights (``need_weights``) and a tokenizer; return its
-    config, the one read of its config.json (pass it on to the loaders rather than reading the file again).
+    """Check a local checkpoint folder (``check_checkpoint_files``: config, weights when ``need_weights``, tokenizer,
+    safetensors headers) with its config read by transformers; return that config, the one read of its config.json
+    (pass it on to the loaders rather than reading the file again).
 
     Raises:
-        CheckpointError: naming the folder and the missing files, or a config.json or safetensors file that can't be
-            read (``_check_readable``), before transformers fails deep inside.
+        CheckpointError: naming the folder and the missing files, or the file that can't be read, before
+            transformers fails deep inside.
     """
-    folder = Path(checkpoint_dir)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: checkpoint folder not found")
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder}: no config.json; not a transformers checkpoint folder")
-    if need_weights and not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise CheckpointError(f"{folder}: no model weights (one of {', '.join(WEIGHT_FILES)})")
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise CheckpointError(f"{folder}: no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
-                              "save the tokenizer with the model (tokenizer.save_pretrained)")
-    return _check_readable(folder)
+    return check_checkpoint_files(checkpoint_dir, need_weights, load_config=_read_config)
 
 
-def _check_readable(folder: Path) -> PreTrainedConfig:
-    """Check that the folder's config.json is a JSON object transformers reads and each safetensors file's header
-    covers the file (a copy or download cut short fails here; the tensors are not read); return the config.
+def _read_config(folder: Path) -> PreTrainedConfig:
+    """``AutoConfig`` of ``folder``.
 
     Raises:
-        CheckpointError: naming the file and the reader's error, and what to do.
+        CheckpointError: naming config.json and transformers' error.
     """
-    again = "the checkpoint is damaged: save or copy it again"
     try:
-        config = AutoConfig.from_pretrained(folder)
+        return AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as err:
         raise CheckpointError(f"{folder / 'config.json'}: cannot be read ({' '.join(str(err).split())[:200]}); "
-                              f"{again}") from None
-    for file in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(file, "pt"):
-                pass
-        except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{file}: cannot be read ({err}); {again}") from None
-    return config
+                              f"{DAMAGED}") from None

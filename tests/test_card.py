@@ -17,7 +17,7 @@ from finetune.errors import PipelineError
 from finetune.paths import Paths
 from finetune.runtime import write_json
 from finetune.tasks import glue_task
-from tests.helpers import REPO, run, save_collapsed_model, squeeze, tiny_params
+from tests.helpers import REPO, python, run, save_collapsed_model, squeeze, tiny_params
 
 MRPC = glue_task("mrpc")
 EVALUATION = {
@@ -173,3 +173,9 @@ def test_the_card_stage_lists_its_template():
     assert "finetune/model_card.md.j2" in stage["deps"] and stage["outs"] == ["models/finetuned"]
     assert {"models/trained", "dvclive/train", "metrics/eval.json", "metrics/train.json",
             "metrics/provenance.json"} <= set(stage["deps"])
+
+
+def test_the_card_stage_imports_no_torch():
+    # It only copies the folder and writes its card: the checkpoint is checked by finetune/checkpoint_files.py.
+    code = "import sys, stages.card; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    assert run(python("-c", code), REPO).strip().splitlines()[-1] == "[]"

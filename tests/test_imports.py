@@ -14,8 +14,8 @@ from tests.helpers import REPO
 # Lowest first. A module imports project modules of its own group or of lower layers only.
 LAYERS = [
     {"core": ["finetune/errors.py", "finetune/paths.py", "finetune/runtime.py", "finetune/tasks.py",
-              "finetune/hardware.py", "finetune/modeling.py", "finetune/params.py", "finetune/overrides.py",
-              "finetune/code.py", "finetune/launch.py", "finetune/logs.py"]},
+              "finetune/hardware.py", "finetune/checkpoint_files.py", "finetune/modeling.py", "finetune/params.py",
+              "finetune/overrides.py", "finetune/code.py", "finetune/launch.py", "finetune/logs.py"]},
     {"data": ["finetune/data"]},
     {"inference": ["finetune/inference"]},
     {"evaluate": ["finetune/evaluate"], "distill": ["finetune/distill"]},
