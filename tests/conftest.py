@@ -38,11 +38,12 @@ def pytest_configure(config):
         os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % count::count])
 
 
-# The slowest files, slowest first (`pytest --durations=0`, summed per file). pytest-xdist hands each worker whole
-# files (--dist loadfile) in collection order (--no-loadscope-reorder in pyproject.toml): started first, they end
-# while the short files fill both workers, and the suite ends when its total work is done, not one long file later.
-SLOWEST_FIRST = ["test_tune.py", "test_team.py", "test_pipeline_e2e.py", "test_distributed.py", "test_resume.py",
-                 "test_export.py", "test_benchmark.py", "test_model_registry.py"]
+# The files of half a minute or more of work, about slowest first (`pytest --durations=0`, summed per file).
+# pytest-xdist hands each worker whole files (--dist loadfile) in collection order (--no-loadscope-reorder in
+# pyproject.toml): started first, they end while the short files fill both workers, and the suite ends when its total
+# work is done, not one long file later.
+SLOWEST_FIRST = ["test_tune.py", "test_team.py", "test_pipeline_e2e.py", "test_distributed.py", "test_export.py",
+                 "test_resume.py", "test_serve.py", "test_benchmark.py", "test_families.py", "test_model_registry.py"]
 
 
 def pytest_collection_modifyitems(items):

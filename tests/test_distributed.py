@@ -47,6 +47,7 @@ def paths(tiny_raw, tiny_checkpoint, tmp_path_factory):
     return paths
 
 
+@pytest.mark.e2e  # the module's stages ran as subprocesses (accelerate launch)
 def test_two_processes_train_with_a_shared_schedule(paths):
     assert "on 2 process(es)" in OUTPUTS["train"]
     metrics = json.loads((paths.root / "metrics" / "train.json").read_text())
@@ -56,6 +57,7 @@ def test_two_processes_train_with_a_shared_schedule(paths):
     assert (paths.trained / "model.safetensors").is_file()
 
 
+@pytest.mark.e2e  # the module's stages ran as subprocesses (accelerate launch)
 def test_two_processes_evaluate_like_one(paths):
     two = json.loads((paths.root / "metrics" / "eval.json").read_text())
     two_predictions = {s: pd.read_csv(paths.predictions / f"{s}.csv") for s in ("validation", "test")}

@@ -89,6 +89,7 @@ def kill_after_checkpoint(project: Path, step: int, signum: int) -> str:
     return output
 
 
+@pytest.mark.e2e  # the train stage as a subprocess, killed and started again
 def test_a_run_killed_three_times_resumes_to_the_uninterrupted_result(project_template, uninterrupted, tmp_path):
     # Ctrl-C in epoch 1, before the first evaluation (step 100); SIGTERM (kill, schedulers, dvc queue kill) in epoch 3
     # of the resumed run; SIGKILL later in epoch 3 of the run resumed again. The last resume ends exactly where an
