@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 
 import pytest
@@ -13,7 +14,7 @@ import yaml
 from huggingface_hub import ModelCard
 
 from finetune.card import model_card, write_model_folder
-from finetune.errors import PipelineError
+from finetune.errors import CheckpointError, PipelineError
 from finetune.paths import Paths
 from finetune.runtime import write_json
 from finetune.tasks import glue_task
@@ -165,6 +166,23 @@ def test_a_missing_metrics_file_is_one_message(project):
     (paths.metrics / "eval.json").unlink()
     with pytest.raises(PipelineError, match=r"metrics/eval.json: not found; run the stages before the card stage"):
         model_card(params, paths)
+
+
+@pytest.mark.parametrize("file,content,message", [
+    ("model.safetensors", None, "no model weights (one of model.safetensors"),
+    ("config.json", '{"model_type": "bert",', "config.json: cannot be read ("),
+    ("config.json", "[1]", "config.json: cannot be read (a JSON list, not an object)"),
+], ids=["no-weights", "invalid-config", "config-not-an-object"])
+def test_a_trained_folder_the_card_cant_copy_is_one_line(project, file, content, message):
+    # the card stage checks models/trained without torch (finetune/checkpoint_files.py), and as clearly
+    paths, params = project
+    if content is None:
+        (paths.trained / file).unlink()
+    else:
+        (paths.trained / file).write_text(content)
+    with pytest.raises(CheckpointError, match=re.escape(message)) as err:
+        model_card(params, paths)
+    assert "\n" not in str(err.value)
 
 
 def test_the_card_stage_lists_its_template():
