@@ -163,9 +163,10 @@ class FormAPI(ls.LitAPI):
                 try:
                     self.predictor.encode([(text,)])
                 except Exception as refused:  # the tokenizer's own error, whatever its type
-                    log.warning("inputs[%d].%s: refused by the tokenizer (%s)", i, field, first_line(refused, 200))
+                    reason = first_line(refused, 200)
+                    log.warning("inputs[%d].%s: refused by the tokenizer (%s)", i, field, reason)
                     return JSONResponse({"error": f"inputs[{i}].{field}: the tokenizer can't take this text "
-                                                  f"({first_line(refused, 200)})"}, status_code=422)
+                                                  f"({reason})"}, status_code=422)
         log.error("The model failed on a request of %d examples", len(request), exc_info=err)
         return JSONResponse({"error": f"the model failed on this request ({first_line(err, 200)}); the server "
                                       "logged it"}, status_code=500)
