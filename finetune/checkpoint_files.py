@@ -18,7 +18,13 @@ from finetune.errors import CheckpointError
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
-DAMAGED = "the checkpoint is damaged: save or copy it again"
+
+
+def damaged(file: Path, why: object) -> CheckpointError:
+    """The error for a checkpoint file that can't be read: ``<file>: cannot be read (<why>); the checkpoint is
+    damaged: ...``, ``why`` on one line of at most 200 characters (a reader's error, or what is wrong)."""
+    return CheckpointError(f"{file}: cannot be read ({' '.join(str(why).split())[:200]}); the checkpoint is damaged: "
+                           "save or copy it again")
 
 
 def check_checkpoint_files(checkpoint_dir: str | Path, need_weights: bool = True,
@@ -48,7 +54,7 @@ def check_checkpoint_files(checkpoint_dir: str | Path, need_weights: bool = True
             with safe_open(file, "numpy"):  # the header only; numpy, so that torch is not imported
                 pass
         except (SafetensorError, OSError) as err:
-            raise CheckpointError(f"{file}: cannot be read ({err}); {DAMAGED}") from None
+            raise damaged(file, err) from None
     return config
 
 
@@ -62,7 +68,7 @@ def read_config(folder: Path) -> dict:
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"{file}: cannot be read ({' '.join(str(err).split())[:200]}); {DAMAGED}") from None
+        raise damaged(file, err) from None
     if not isinstance(config, dict):
-        raise CheckpointError(f"{file}: cannot be read (a JSON {type(config).__name__}, not an object); {DAMAGED}")
+        raise damaged(file, f"a JSON {type(config).__name__}, not an object")
     return config

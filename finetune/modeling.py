@@ -16,7 +16,7 @@ from transformers.configuration_utils import SubConfigSpec
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-from finetune.checkpoint_files import DAMAGED, check_checkpoint_files
+from finetune.checkpoint_files import check_checkpoint_files, damaged
 from finetune.errors import CheckpointError
 from finetune.tasks import Task
 
@@ -227,5 +227,4 @@ def _read_config(folder: Path) -> PreTrainedConfig:
     try:
         return AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"{folder / 'config.json'}: cannot be read ({' '.join(str(err).split())[:200]}); "
-                              f"{DAMAGED}") from None
+        raise damaged(folder / "config.json", err) from None
