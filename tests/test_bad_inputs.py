@@ -251,10 +251,24 @@ BAD_OWN_FILES = [
      "data/own/train.csv: split 'train': has no rows"),
     ("an-idx-that-is-not-an-integer", lambda: {"train": ("train.csv", "idx,question,answer,verdict\n"
                                                                       "a,q,x,yes\nb,r,y,no\n")},
-     {}, "data/own/train.csv: split 'train' row idx=a: idx 'a' is not an integer; idx must be unique integers"),
+     {}, "data/own/train.csv: split 'train' row 0: idx 'a' is not an integer; idx must be unique integers"),
+    ("a-blank-idx", lambda: {"train": ("train.csv", "idx,question,answer,verdict\n0,q,x,yes\n,r,y,no\n")},
+     {}, "data/own/train.csv: split 'train' row 1: idx nan is not an integer; idx must be unique integers"),
+    ("a-blank-line-among-the-rows", lambda: {"train": ("train.csv", "question,answer,verdict\nq,x,yes\n\nr,y,no\n")},
+     {}, "data/own/train.csv: split 'train' row 1: "),
+    ("labels-mixing-numbers-and-words-after-10000-rows", lambda: {"train": ("train.csv", "question,answer,verdict\n"
+                                                                            + "q,a,1\nr,b,0\n" * 5000 + "s,c,yes\n")},
+     {}, "data/own/train.csv: split 'train' row 0: label 1 is a number, but row 10000's label 'yes' is a word: labels "
+         "mix numbers and words"),
     ("a-cp1252-csv", lambda: {"train": ("train.csv", "question,answer,verdict\nq,a,yes\ncaf\xe9?,b,no\n".encode(
         "cp1252"))}, {}, "data/own/train.csv: split 'train': line 3 is not UTF-8 (byte 0xe9); save the file as UTF-8 "
                          "(Excel: 'CSV UTF-8'), or convert it, e.g. iconv -f cp1252 -t utf-8"),
+    ("a-utf-16-json-lines-file", lambda: {"train": ("train.jsonl", '{"question": "a", "answer": "b", "verdict": 1}\n'
+                                                                  .encode("utf-16"))},
+     {}, "data/own/train.jsonl: split 'train': is UTF-16 (PowerShell's default); save it as UTF-8, or convert it"),
+    ("a-utf-16-csv-cut-short", lambda: {"train": ("train.tsv", "question\tanswer\tverdict\na\tb\tyes\n"
+                                                                .encode("utf-16")[:-1])},
+     {}, "data/own/train.tsv: split 'train': starts as UTF-16 but is not (truncated data at byte "),
     ("a-malformed-json-lines-file",
      lambda: {"train": ("train.jsonl", '{"question": "a", "answer": "b", "verdict": 1}\n'
                                        '{"question": "c", "answer": "d" "verdict": 0}\n')},
@@ -401,6 +415,8 @@ SPREADSHEET_EXPORTS = {
     "semicolons-and-decimal-commas.csv": lambda: _spreadsheet(";", ",").encode(),  # Excel where 1,5 is a number
     "unicode-text.tsv": lambda: _spreadsheet("\t").encode("utf-16"),  # Excel's "Unicode Text": UTF-16 with a BOM
     "blank-rows-at-the-end.csv": lambda: (_spreadsheet() + ",,,\r\n,,,\r\n").encode(),
+    "blank-columns-beside-the-data.csv": lambda: "\r\n".join(line + ",," for line in _spreadsheet().split("\r\n")
+                                                               if line).encode(),
 }
 
 
@@ -443,7 +459,16 @@ def test_a_file_name_too_long_for_the_file_system_is_named(tmp_path, monkeypatch
      "data/own/train.csv: split 'train' lacks column(s) ['verdict']; has ['question', 'answer', 'no', 'yes']; the "
      "classes one-hot in columns ['no', 'yes']? give each row's class name in one column 'verdict', e.g. "
      "df['verdict'] = df[['no', 'yes']].idxmax(axis=1)"),
-], ids=["a-header-in-other-case-with-a-space", "one-hot-labels"])
+    (lambda: ("train.jsonl", "".join(f'{{"question": "q{i}", "answer": "a", "tags": ["x"], "meta": {{"n": {i}}}, '
+                                     f'"Verdict": "yes"}}\n' for i in range(3))),
+     "data/own/train.jsonl: split 'train' lacks column(s) ['verdict']; has ['question', 'answer', 'tags', 'meta', "
+     "'Verdict']; 'Verdict' differs from 'verdict' only in case or spaces around it: rename the column, or name it "
+     "so in params.yaml"),
+    (lambda: ("train.jsonl", "".join(f'{{"question": "q{i}", "answer": "a", "tags": ["x"], "meta": {{"n": {i}}}}}\n'
+                                     for i in range(3))),
+     "data/own/train.jsonl: split 'train' lacks column(s) ['verdict']; has ['question', 'answer', 'tags', 'meta']"),
+], ids=["a-header-in-other-case-with-a-space", "one-hot-labels", "nested-columns-beside-a-header-in-other-case",
+        "nested-columns-and-no-label"])
 def test_a_missing_column_says_what_the_file_may_mean(tmp_path, monkeypatch, frame, message):
     with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
         _own(tmp_path, monkeypatch, {"train": frame()})

@@ -115,3 +115,29 @@ def test_evaluation_batches_leave_the_global_rng_alone(tiny_tokenized, tokenizer
     for _ in range(2):
         list(loader)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_checkpoint_that_names_no_length_needs_tokenize_max_length(tiny_checkpoint, tmp_path):
+    # As DeBERTa-v3: relative positions only (no position_biased_input) and a tokenizer_config.json without
+    # model_max_length, which transformers reads as 1e30: null would cut no text, so the stage asks for a length.
+    import json
+    import shutil
+
+    from transformers import DebertaV2Config
+
+    from finetune.data.tokenization import training_tokenizer
+    from finetune.errors import ParamsError
+
+    folder = tmp_path / "relative-positions"
+    shutil.copytree(tiny_checkpoint, folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("model_max_length", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    DebertaV2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                    relative_attention=True, position_biased_input=False).save_pretrained(folder)
+    with pytest.raises(ParamsError) as err:
+        training_tokenizer(folder, None)
+    assert str(err.value) == (f"params.yaml: tokenize.max_length: null, but {folder}'s tokenizer sets no length "
+                              "(model_max_length) and the model's positions are relative, so no text would be cut: "
+                              "set tokenize.max_length (its pretraining length: 512)")
+    assert training_tokenizer(folder, 64).model_max_length == 64

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from datasets import Dataset
+from datasets import Dataset, Value
 
 from finetune.errors import DataError
 
@@ -48,8 +48,8 @@ def _missing_column_hint(ds: Dataset, missing: list[str], text_columns: tuple[st
                     "name it so in params.yaml")
     if label_column not in missing:
         return ""
-    flags = [c for c in ds.column_names if c not in text_columns and c != "idx" and ds.features[c].dtype in
-             ("int64", "int32", "int8", "bool") and set(ds.unique(c)) <= {0, 1}]
+    flags = [c for c in ds.column_names if c not in text_columns and c != "idx" and isinstance(ds.features[c], Value)
+             and ds.features[c].dtype in ("int64", "int32", "int8", "bool") and set(ds.unique(c)) <= {0, 1}]
     if len(flags) < 2 or not (ds.select_columns(flags).to_pandas().sum(axis=1) == 1).all():
         return ""
     return (f"; the classes one-hot in columns {flags}? give each row's class name in one column {label_column!r}, "
@@ -120,7 +120,9 @@ def _check_idx(df: pd.DataFrame, where: str, split: str) -> None:
     numbers = pd.to_numeric(df["idx"], errors="coerce").to_numpy(dtype="float64")
     bad = np.flatnonzero(~np.isfinite(numbers) | (numbers != np.round(numbers)))
     if bad.size:
-        raise DataError(f"{row_name(where, split, df, bad[0])}: idx {df['idx'].iat[bad[0]]!r} is not an integer; "
+        value = df["idx"].iat[bad[0]]  # the row by its number: its own idx is what is wrong
+        value = value.item() if isinstance(value, np.generic) else value
+        raise DataError(f"{where}: split {split!r} row {bad[0]}: idx {value!r} is not an integer; "
                         "idx must be unique integers (rename the column if it is not the row's id)")
     repeated = df["idx"].duplicated(keep=False).to_numpy()
     if repeated.any():

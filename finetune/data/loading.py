@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 LOAD_ERRORS = (OSError, ValueError, DatasetsError, pa.ArrowException)
 
 # The user's own files: suffix -> (datasets' packaged builder, its options). A CSV or TSV cell is missing only when
-# empty: pandas' default missing-value strings (None, NA, null, n/a, ...) are a user's text or class name.
-TEXT_CELLS = {"keep_default_na": False, "na_values": [""]}
+# empty: pandas' default missing-value strings (None, NA, null, n/a, ...) are a user's text or class name. A blank
+# line is a row of empty cells (the row rules name it; blank lines at the end are dropped), not skipped, so that the
+# rows keep the file's numbers. The file is read in one chunk: pandas guesses a column's type per chunk (datasets'
+# default: 10,000 rows), so a longer file could get a column of numbers in one chunk and of words in the next.
+TEXT_CELLS = {"keep_default_na": False, "na_values": [""], "skip_blank_lines": False, "chunksize": 2**62}
 FILE_FORMATS = {".csv": ("csv", TEXT_CELLS), ".tsv": ("csv", {"delimiter": "\t", **TEXT_CELLS}),
                 ".json": ("json", {}), ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
 
@@ -161,7 +164,11 @@ def _spreadsheet_options(file: Path, options: dict, where: str) -> dict:
     utf16 = data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
     if not utf16:
         _check_utf8(data, where)
-    header = data.decode("utf-16").split("\n", 1)[0] if utf16 else data.split(b"\n", 1)[0].decode("utf-8-sig")
+    try:
+        header = data.decode("utf-16").split("\n", 1)[0] if utf16 else data.split(b"\n", 1)[0].decode("utf-8-sig")
+    except UnicodeDecodeError as err:  # UTF-16's byte-order mark, then bytes that are not UTF-16 (a file cut short)
+        raise DataError(f"{where}: starts as UTF-16 but is not ({err.reason} at byte {err.start}): the file is cut "
+                        "short or damaged; save it again") from None
     options = {"delimiter": ",", **options, "encoding": "utf-16" if utf16 else "utf-8"}
     if options["delimiter"] == "," and ";" in header and "," not in header:
         log.info("%s: the header has semicolons and no comma: read as semicolon-separated, with decimal commas", where)
@@ -189,9 +196,12 @@ def _check_utf8(data: bytes, where: str) -> None:
     """Check that a text file's ``data`` is UTF-8 (a byte-order mark allowed).
 
     Raises:
-        DataError: naming the file, the split, the first line (1-based, a header counted) that is not UTF-8 and how to
-            mend it (Excel on Windows saves "CSV" as cp1252).
+        DataError: naming the file, the split, and UTF-16 (its byte-order mark) or the first line (1-based, a header
+            counted) that is not UTF-8, and how to mend it (Excel on Windows saves "CSV" as cp1252).
     """
+    if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        raise DataError(f"{where}: is UTF-16 (PowerShell's default); save it as UTF-8, or convert it, e.g. iconv -f "
+                        "utf-16 -t utf-8")
     try:
         data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -227,7 +237,8 @@ def _check_header(file: Path, options: dict, where: str) -> None:
     encoding = "utf-8-sig" if options["encoding"] == "utf-8" else options["encoding"]
     with open(file, newline="", encoding=encoding, errors="replace") as f:
         header = next(csv.reader(f, delimiter=options["delimiter"]), [])
-    repeated = [c for c in dict.fromkeys(header) if header.count(c) > 1]
+    # empty names are a spreadsheet's blank columns beside the data (pandas names them "Unnamed: N")
+    repeated = [c for c in dict.fromkeys(header) if c.strip() and header.count(c) > 1]
     if repeated:
         raise DataError(f"{where}: column {repeated[0]!r} appears twice in the header; column names must be unique")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from finetune.errors import ParamsError
 
@@ -84,11 +85,19 @@ def training_tokenizer(checkpoint: str | Path, max_length: int | None) -> PreTra
     exported forms, ``pipeline()``, ``tools.predict`` and ``tools.serve`` truncate there by default.
 
     Raises:
-        ParamsError: ``max_length`` is above the model's positions.
+        ParamsError: ``max_length`` is above the model's positions, or is None where neither the tokenizer
+            (``model_max_length`` unset) nor the model (relative positions only, as DeBERTa-v3) gives a length.
     """
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    limit = position_limit(AutoConfig.from_pretrained(checkpoint))
-    tokenizer.model_max_length = truncation_length(tokenizer, max_length, limit)
+    config = AutoConfig.from_pretrained(checkpoint)
+    limit = position_limit(config)
+    length = truncation_length(tokenizer, max_length, limit)
+    if length >= VERY_LARGE_INTEGER:  # transformers' "unset" model_max_length: nothing would ever be truncated
+        pretrained = getattr(config, "max_position_embeddings", None)
+        raise ParamsError(f"params.yaml: tokenize.max_length: null, but {checkpoint}'s tokenizer sets no length "
+                          "(model_max_length) and the model's positions are relative, so no text would be cut: set "
+                          "tokenize.max_length" + (f" (its pretraining length: {pretrained})" if pretrained else ""))
+    tokenizer.model_max_length = length
     return tokenizer
 
 
