@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import litserve as ls
+from litserve.loops import BatchedLoop
 import torch
 from transformers import AutoTokenizer
 
@@ -29,7 +30,9 @@ class BareAPI(ls.LitAPI):
     ``model_max_length``), padded to a multiple of 16 tokens, run (on a GPU in bf16 or fp16), softmax."""
 
     def __init__(self, form: str, folder: Path, **batching):
-        super().__init__(**batching)
+        # the batched loop at every --max-batch-size: LitServe's default for 1 (its SingleLoop) skips batch and
+        # unbatch and hands predict one request instead of a list of them
+        super().__init__(loop=BatchedLoop(), **batching)
         self.form, self.folder = form, folder
 
     def setup(self, device: str) -> None:

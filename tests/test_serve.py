@@ -20,9 +20,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import litserve as ls
 import pandas as pd
 import psutil
 import pytest
+from litserve.loops import BatchedLoop
 
 from benchmarks import load_client
 from benchmarks.load_agreement import agreement
@@ -207,6 +209,16 @@ def test_a_request_the_model_fails_on_gets_its_error_and_the_others_their_answer
     assert outputs[0] == {"predictions": api.score([good])[0]} and outputs[1].status_code == 500
     assert json.loads(outputs[1].body) == {"error": "the model failed on this request (RuntimeError: out of memory); "
                                                     "the server logged it"}
+
+
+def test_one_request_a_batch_still_runs_the_batched_path(model):
+    # --max-batch-size 1 (docs/serving.md's advice for onnx-int8): LitServe's default loop for it would hand predict
+    # one request, not a list, and skip batch and unbatch; the servers keep the batched loop
+    from benchmarks.load_bare import BareAPI
+
+    for api in (FormAPI("pytorch", model, {}, pad_multiple=16, fill_rows=False, tokenizer_threads=False,
+                        log_level="info", max_batch_size=1), BareAPI("pytorch", model, max_batch_size=1)):
+        assert isinstance(ls.LitServer(api, accelerator="cpu").lit_api.loop, BatchedLoop)
 
 
 @pytest.mark.e2e

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar
 
 import litserve as ls
+from litserve.loops import BatchedLoop
 import torch
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
@@ -102,7 +103,9 @@ class FormAPI(ls.LitAPI):
 
     def __init__(self, form: str, folder: Path, open_options: dict, pad_multiple: int, fill_rows: bool,
                  tokenizer_threads: bool, log_level: str, **batching):
-        super().__init__(**batching)
+        # the batched loop at every --max-batch-size: LitServe's default for 1 (its SingleLoop) skips batch and
+        # unbatch and hands predict one request instead of a list of them
+        super().__init__(loop=BatchedLoop(), **batching)
         self.form, self.folder, self.open_options, self.log_level = form, folder, open_options, log_level
         self.pad_multiple, self.fill_rows, self.tokenizer_threads = pad_multiple, fill_rows, tokenizer_threads
 
