@@ -36,7 +36,6 @@ import signal
 import sys
 from pathlib import Path
 
-import torch
 from datasets import load_from_disk
 
 from benchmarks import load_client, load_processes
@@ -44,6 +43,7 @@ from benchmarks.load_agreement import agreement, allowed_differences, evaluation
 from benchmarks.load_report import NAMES, goals, headline, medians, report
 from finetune.export.registry import form_folder, open_form
 from finetune.export.speed import form_speed, served_form
+from finetune.hardware import serving_dtype
 from finetune.inference.predictor import PYTORCH
 from finetune.paths import Paths
 from finetune.runtime import run_stage, unwritable, write_text
@@ -104,7 +104,7 @@ def in_process(form: str, folder: Path, project: Path, device: str) -> tuple[flo
     if not (tokenized / "dataset_dict.json").is_file():
         return None, f"The form in-process: not measured ({tokenized} not found: dvc repro tokenize)."
     print(f"Timing {form} in-process at batch 32")
-    dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if device != "cpu" else None
+    dtype = serving_dtype(device)
     predictor = open_form(folder, form, device=device, dtype=dtype)
     speed = form_speed(predictor, load_from_disk(str(tokenized))["validation"])
     del predictor

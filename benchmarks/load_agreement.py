@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from finetune.export.registry import FORMS
+from finetune.hardware import serving_dtype
 from finetune.inference.predictor import PYTORCH
 
 PRECISIONS = {"no": "fp32", "bf16": "bf16", "fp16": "fp16"}  # train.mixed_precision -> the evaluation's precision
@@ -84,7 +86,8 @@ def served_precision(form: str, device: str) -> str:
     """The precision ``tools.serve`` runs ``form`` in on ``device``: the PyTorch model in fp32 on the CPU and in bf16
     (or fp16) on a GPU; an fp32 form in fp32; a lossy one as its name ends (``onnx-int8``: int8)."""
     if form == PYTORCH:
-        return "fp32" if device == "cpu" else "bf16"
+        dtype = serving_dtype(device)
+        return "fp32" if dtype is None else {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
     return form.rsplit("-", 1)[-1] if FORMS[form].lossy else "fp32"
 
 

@@ -16,11 +16,12 @@ import os
 from pathlib import Path
 
 import litserve as ls
-from litserve.loops import BatchedLoop
 import torch
+from litserve.loops import BatchedLoop
 from transformers import AutoTokenizer
 
 from finetune.export.registry import load_form
+from finetune.hardware import serving_dtype
 
 HOST = "127.0.0.1"
 
@@ -38,9 +39,8 @@ class BareAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        # on a GPU as tools.serve: bf16, fp16 where the GPU lacks bf16
-        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if device != "cpu" else None
-        self.model, self.device = load_form(self.form, self.folder).to(device, dtype=dtype), device
+        self.model = load_form(self.form, self.folder).to(device, dtype=serving_dtype(device))  # as tools.serve
+        self.device = device
         self.names = self.model.config.id2label
 
     def decode_request(self, request: dict) -> tuple[str, str | None]:

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 
@@ -40,14 +41,17 @@ def start_server(command: list[str], port: int, timeout: float = 300) -> subproc
             its output.
     """
     check_free(port)
-    # its output is read only if it fails to start: the servers log warnings only, far below a pipe's buffer
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    # its output to a temp file (closed by stop_server), read if it fails to start: a pipe nobody reads would stall
+    # a server that logs much (a 504 or a failed request logs a line each)
+    output = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # its own process group: stop_server ends all of it
+    process.output = output
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"ERROR: {' '.join(command)} exited {process.returncode}:\n"
-                             f"{process.stdout.read()[-3000:]}")
+            output.seek(0)
+            raise SystemExit(f"ERROR: {' '.join(command)} exited {process.returncode}:\n{output.read()[-3000:]}")
         try:
             with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=1) as answer:
                 if answer.status == 200:
@@ -76,6 +80,8 @@ def stop_server(process: subprocess.Popen, timeout: float = 30) -> int:
             time.sleep(0.1)
     except ProcessLookupError:
         pass
+    if getattr(process, "output", None) is not None:  # start_server's temp file of its output
+        process.output.close()
     return status
 
 

@@ -139,8 +139,9 @@ def report(record: dict) -> str:
                 if by[server] and "cpu" in (top := by[server][max(by[server])])]
     if cpu_rows:
         roles = [role for role in ROLES if any(cpu.get(role, 0) > 0 for _, cpu in cpu_rows)]
+        clients = max(max(by[server]) for server, _ in cpu_rows)
         lines += ["## Where a request's CPU goes", "",
-                  f"CPU milliseconds (user + system, psutil) per request answered at {max(by['engine'] or by['bare'])} "
+                  f"CPU milliseconds (user + system, psutil) per request answered at {clients} "
                   "clients, by process role; the load generator is the benchmark's own process (aiohttp).", "",
                   markdown_table(["server", *roles, "server total"],
                                  [[NAMES[server], *(cpu.get(role, "") for role in roles),

@@ -103,3 +103,11 @@ def numerics(device, mixed_precision: str) -> dict:
             "threads": torch.get_num_threads(), "precision": mixed_precision,
             "matmul": matmul_isa(mixed_precision, set(info.get("flags", "").split())),
             "vector_kernels": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+
+
+def serving_dtype(device: str) -> torch.dtype | None:
+    """The dtype the servers and the benchmarks run the ``pytorch`` form in on ``device``: None (the model's own,
+    fp32) on ``cpu``; on a CUDA GPU bf16, fp16 where the GPU lacks bf16."""
+    if device == "cpu":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

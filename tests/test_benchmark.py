@@ -132,7 +132,7 @@ def test_the_load_report_takes_each_levels_median_over_the_rounds_and_states_the
         "served as evaluated (every label the same): missed")
 
 
-def test_served_and_evaluated_labels_are_compared_row_by_row_within_what_the_precisions_allow():
+def test_served_and_evaluated_labels_are_compared_row_by_row_within_what_the_precisions_allow(monkeypatch):
     import pandas as pd
 
     from benchmarks.load_agreement import agreement, allowed_differences, served_precision
@@ -154,6 +154,9 @@ def test_served_and_evaluated_labels_are_compared_row_by_row_within_what_the_pre
 
     assert [served_precision(f, "cpu") for f in ("pytorch", "onnx-fp32", "onnx-int8", "openvino-bf16")] == [
         "fp32", "fp32", "int8", "bf16"]
+    for bf16, precision in ((True, "bf16"), (False, "fp16")):  # a GPU with bf16, and one without (T4, V100)
+        monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda bf16=bf16: bf16)
+        assert served_precision("pytorch", "cuda") == precision
     export = {"openvino-int8": {"validation": {"agreement": 0.9779}}}
     assert allowed_differences("onnx-fp32", "fp32", "fp32", export, 408, 0)[0] == 0
     allowed, why = allowed_differences("openvino-int8", "bf16", "int8", export, 408, 2)

@@ -367,12 +367,16 @@ def test_a_port_in_use_or_a_bad_flag_stops_start_up_with_one_line(model, capsys)
     for args, error in [(["--max-length", "100000"], "ERROR: --max-length: 100000 is more than the model's 512 "
                                                        "positions (max_position_embeddings in its config.json)"),
                         (["--openvino-hint", "LATENCY"], "ERROR: --openvino-hint: for the openvino-* forms only, not "
-                                                         "pytorch")]:
+                                                         "pytorch"),
+                        (["--batch-timeout", "5", "--timeout", "2"], "ERROR: --batch-timeout 5: must be less than "
+                                                                     "--timeout 2 (a request would time out while its "
+                                                                     "batch fills)")]:
         with pytest.raises(SystemExit) as exit_:
             serve_main(["--form", "pytorch", "--model", str(model), "--port", str(free_port()), *args])
         assert str(exit_.value.code).startswith(error), exit_.value.code
     for flag, value, error in [("--batch-timeout", "-1", "must be at least 0, got -1"),
-                               ("--timeout", "soon", "'soon' is not a number of seconds"),
+                               ("--timeout", "soon", "'soon' is not a number"),
+                               ("--timeout", "0", "must be above 0, got 0"),
                                ("--port", "80", "must be at least 1024, got 80"),
                                ("--port", "70000", "must be at most 65535, got 70000")]:
         with pytest.raises(SystemExit):

@@ -41,9 +41,9 @@ from finetune.inference.runtimes import OpenVinoClassifier
 from finetune.modeling import check_checkpoint
 from finetune.runtime import run_stage
 from finetune.tasks import Task
-from tools.cli import port, positive_int, seconds
+from tools.cli import port, positive_float, positive_int, seconds
 from tools.serve_api import FormAPI, PredictRequest, refusal
-from tools.serve_lifecycle import Deadline, check_port, stop_on_signals
+from tools.serve_lifecycle import Deadline, check_port, stop_on_signals, timed_out
 
 log = logging.getLogger("tools.serve")
 
@@ -57,9 +57,14 @@ def serve(args: argparse.Namespace) -> None:
         ExportError, CheckpointError: the form is unknown, not exported or can't be loaded (one line naming its
             folder), or metrics/export.json names none when ``form`` is None.
         ParamsError: ``--max-length`` is above the model's positions.
-        PipelineError: ``--device cuda`` for a form other than ``pytorch``, or torch sees no CUDA GPU;
+        PipelineError: ``--batch-timeout`` not below ``--timeout``; ``--device cuda`` for a form other than
+            ``pytorch``, or torch sees no CUDA GPU;
             ``--openvino-hint`` for a form that is not OpenVINO's; the port can't be listened on.
     """
+    log.setLevel(args.log_level.upper())
+    if args.batch_timeout >= args.timeout:
+        raise PipelineError(f"--batch-timeout {args.batch_timeout:g}: must be less than --timeout {args.timeout:g} "
+                            "(a request would time out while its batch fills)")
     form = args.form or served_form()
     if args.device == "cuda":
         if form != PYTORCH:
@@ -99,8 +104,8 @@ def serve(args: argparse.Namespace) -> None:
         return JSONResponse({"error": message}, status_code=status)
 
     async def answered(request, err: HTTPException) -> JSONResponse:
-        message = f"body: over the limit of {args.max_body_bytes} bytes (--max-body-bytes)" \
-            if err.status_code == 413 else str(err.detail)  # 413: LitServe's max_payload_size
+        message = {413: f"body: over the limit of {args.max_body_bytes} bytes (--max-body-bytes)",  # LitServe's
+                   504: timed_out(args.timeout)}.get(err.status_code, str(err.detail))  # limit and timeout
         return JSONResponse({"error": message}, status_code=err.status_code)
 
     server.app.add_exception_handler(RequestValidationError, refused)
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="requests the engine batches into one model call, and examples per forward pass")
     parser.add_argument("--batch-timeout", type=seconds, default=0.001,
                         help="seconds the engine waits for a batch to fill")
-    parser.add_argument("--timeout", type=seconds, default=30,
+    parser.add_argument("--timeout", type=positive_float, default=30,
                         help="seconds a request may wait for its answer before a 504")
     parser.add_argument("--max-examples", type=positive_int, default=64, help="examples per request")
     parser.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="bytes per request body")

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Annotated, ClassVar
 
 import litserve as ls
-from litserve.loops import BatchedLoop
-import torch
 from fastapi.responses import JSONResponse
+from litserve.loops import BatchedLoop
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 
 from finetune.data.batches import row_buckets
 from finetune.errors import PipelineError, field_error, first_line
 from finetune.export.registry import open_form
+from finetune.hardware import serving_dtype
 from tools.serve_lifecycle import outlive_sigterm
 
 log = logging.getLogger("tools.serve")
@@ -114,16 +114,22 @@ class FormAPI(ls.LitAPI):
         log.setLevel(self.log_level.upper())
         outlive_sigterm()
         os.environ["TOKENIZERS_PARALLELISM"] = "true" if self.tokenizer_threads else "false"  # read at each call
-        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if device != "cpu" else None
+        dtype = serving_dtype(device)
         try:
             self.predictor = open_form(self.folder, self.form, device=device, dtype=dtype, **self.open_options)
-        except PipelineError as err:  # at start-up, or restarting after a crash: the server stops, exit status 1
-            log.error("%s; stopping the server", err)
+            self.warm_up()
+        except Exception as err:  # at start-up, or restarting after a crash: the server stops, exit status 1
+            log.error("%s; stopping the server", err if isinstance(err, PipelineError) else
+                      f"{self.folder}: the {self.form} form failed to load or run ({first_line(err, 200)})")
             os.kill(os.getppid(), signal.SIGUSR1)
             raise SystemExit(1) from None
+
+    def warm_up(self) -> None:
+        """One pass per input shape (OpenVINO compiles each): each length, a multiple of ``pad_multiple`` up to 128
+        tokens (at most the truncation), at each row count of ``row_buckets``."""
         columns = len(self.predictor.task.text_columns)
         for length in range(self.pad_multiple, min(self.predictor.max_length, 128) + 1, self.pad_multiple):
-            words = " ".join(["word"] * max(1, length // columns - 2))  # one pass per shape: OpenVINO compiles each
+            words = " ".join(["word"] * max(1, length // columns - 2))
             for rows in row_buckets(self.max_batch_size):
                 self.score([[(words,) * columns] * rows])
 

@@ -67,6 +67,12 @@ def outlive_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0) if os.getppid() != parent else None)
 
 
+def timed_out(timeout: float) -> str:
+    """The 504's message, from ``Deadline`` or from LitServe's own timeout."""
+    return (f"no answer from the model within {timeout:g} s (--timeout); the model worker is overloaded or "
+            "restarting: retry")
+
+
 class Deadline:
     """ASGI middleware: a ``/predict`` request not answered within ``timeout`` seconds (``--timeout``) gets a 504
     naming the limit, sent ``GRACE`` seconds later, so that LitServe's own timeout, kept by a live worker, answers
@@ -96,8 +102,7 @@ class Deadline:
                 raise
             log.error("No answer within %g s (--timeout): the model worker is busy, or died and is restarting",
                       self.timeout)
-            body = json.dumps({"error": f"no answer from the model within {self.timeout:g} s (--timeout); the "
-                                        "model worker is overloaded or restarting: retry"}).encode()
+            body = json.dumps({"error": timed_out(self.timeout)}).encode()
             await send({"type": "http.response.start", "status": 504,
                         "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": body})
