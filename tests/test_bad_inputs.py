@@ -363,6 +363,21 @@ def test_a_class_of_one_train_row_is_named_in_a_warning(tmp_path, monkeypatch, c
     assert message in caplog.text
 
 
+@pytest.mark.parametrize("label_names,labels,classes", [
+    (["1", "2", "3", "4", "5"], [1, 2, 3, 4] * 8, [0, 1, 2, 3] * 8),  # star ratings: numbers that are the names
+    (["no", "yes"], ['"0"', '"1"'] * 16, [0, 1] * 16),  # ids written as JSON strings
+    (["no", "yes"], [0, 1] * 16, [0, 1] * 16),  # ids
+])
+def test_label_names_are_matched_as_written_else_indexed(tmp_path, monkeypatch, label_names, labels, classes):
+    from datasets import load_from_disk
+
+    lines = "".join(f'{{"question": "q{i}?", "answer": "a{i}", "verdict": {v}}}\n' for i, v in enumerate(labels))
+    files = {"train": ("train.jsonl", lines), "validation": ("dev.jsonl", lines)}
+    record = _own(tmp_path, monkeypatch, files, label_names=label_names)
+    assert record["task"]["label_names"] == tuple(label_names)
+    assert load_from_disk(str(tmp_path / "data" / "raw"))["train"]["label"] == classes
+
+
 def test_numbers_as_texts_are_read_as_text(tmp_path, monkeypatch):
     from datasets import load_from_disk
 

@@ -140,7 +140,9 @@ def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
                 where: dict[str, str]) -> tuple[tuple[str, ...], bool]:
     """``(names, ids)``: the class names in id order, and whether numeric labels are ids into them (True) or the names
     themselves (False). Names come from GLUE's task, else the label's ``ClassLabel``, else ``p.label_names``, else
-    train's sorted distinct labels. ``frames`` and ``where`` as in ``_check_label_kinds``.
+    train's sorted distinct labels. With ``p.label_names``, numeric labels are the names when every label, as text,
+    is one of them (``1`` to ``5`` for names ``"1"`` to ``"5"``), else ids. ``frames`` and ``where`` as in
+    ``_check_label_kinds``.
 
     Raises:
         DataError: labels mixing numbers and words, in a split or across splits (``_check_label_kinds``).
@@ -152,7 +154,10 @@ def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
         return tuple(feature.names), True
     kind = _check_label_kinds(frames, where, p.label_names is not None)
     if p.label_names is not None:
-        return tuple(p.label_names), kind != "string"
+        # numbers that are all names (label_names "1" to "5" of star ratings) are those classes; else ids into them
+        written = {str(_plain(v)) for df in frames.values() for v in df["label"][~_missing(df["label"])].tolist()
+                   if not (_label_kind(v) == "integer" and v == UNLABELED)}
+        return tuple(p.label_names), kind != "string" and not written <= set(p.label_names)
     labels = frames["train"]["label"]
     values = sorted(set(_plain(v) for v in labels[~_missing(labels)].tolist()))
     return tuple(str(v) for v in values), False
@@ -192,8 +197,8 @@ def encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ..
                             "finite number (regression labels are numbers)")
         return scores.astype("float32")
     values = labels.to_numpy()
-    if ids and _label_kind(values[0]) != "string":
-        numbers = values.astype("float64")
+    if ids:
+        numbers = pd.to_numeric(labels, errors="coerce").to_numpy(dtype="float64")  # "1" in a JSON file too
         bad = np.flatnonzero(~np.isin(numbers, np.arange(len(names))))
         if bad.size:
             raise DataError(f"{row_name(where, split, df, bad[0])}: label {_plain(values[bad[0]])} not in "
