@@ -455,6 +455,20 @@ def test_semicolon_separated_scores_are_numbers(tmp_path, monkeypatch):
     assert record["task"]["label_names"] is None and record["splits"]["train"]["label_mean"] > 0
 
 
+def test_semicolon_separated_scores_with_decimal_points_are_numbers(tmp_path, monkeypatch):
+    content = _regression()["train"].to_csv(index=False, sep=";")  # pandas' own: 3.5, not 3,5
+    record = _own(tmp_path, monkeypatch, {"train": ("scores.csv", content)})
+    assert record["task"]["label_names"] is None and record["splits"]["train"]["label_mean"] > 0
+
+
+def test_a_stray_quote_in_a_tsv_is_named_not_merged(tmp_path, monkeypatch):
+    rows = "".join(f"q{i}\ta{i}\t{'yes' if i % 2 else 'no'}\n" for i in range(10))
+    content = "question\tanswer\tverdict\n" + rows.replace("q3\t", '"q3 is\t', 1).replace("q6\t", '"q6" is\t', 1)
+    with pytest.raises(DataError, match="^data/own/train.tsv: split 'train' row 3: question holds a line break and a "
+                                        r"tab, so a quote \(\"\) opened it"):
+        _own(tmp_path, monkeypatch, {"train": ("train.tsv", content)})
+
+
 def test_a_file_name_too_long_for_the_file_system_is_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data" / "own").mkdir(parents=True)

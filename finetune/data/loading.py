@@ -10,13 +10,14 @@ import csv
 import json
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from datasets import Dataset, DatasetDict, load_dataset, load_dataset_builder
+from datasets import Dataset, DatasetDict, Value, load_dataset, load_dataset_builder
 from datasets.exceptions import DatasetGenerationError, DatasetsError
 
 from finetune.errors import DataError
@@ -148,14 +149,34 @@ def load_files(files: dict[str, Path], origin: str = "params.yaml data.files.{sp
                             "delimiter?); quote such texts")
         if builder == "csv":
             splits[split] = _drop_trailing_empty_rows(splits[split], where)
+            if options["delimiter"] == "\t":
+                _check_stray_quotes(splits[split], where)
     return DatasetDict(splits)
+
+
+def _check_stray_quotes(ds: Dataset, where: str) -> None:
+    """Check that no cell of a TSV holds both a line break and a tab: the mark of a stray ``"`` at the start of a
+    text, which the reader takes for an opening quote, merging the rows up to the next ``"`` into one cell.
+
+    Raises:
+        DataError: naming the file, the split, the row (0-based) and the column.
+    """
+    for column in ds.column_names:
+        if not (isinstance(ds.features[column], Value) and ds.features[column].dtype in ("string", "large_string")):
+            continue
+        for row, cell in enumerate(ds[column]):
+            if cell is not None and "\n" in cell and "\t" in cell:
+                raise DataError(f"{where} row {row}: {column} holds a line break and a tab, so a quote (\") opened "
+                                "it and merged the rows after it into one text; remove the stray quote, or quote "
+                                "the text and double its quotes (\"\")")
 
 
 def _spreadsheet_options(file: Path, options: dict, where: str) -> dict:
     """The CSV reader's ``options`` for ``file`` as a spreadsheet saved it: ``encoding`` UTF-16 when the file starts
     with UTF-16's byte-order mark (Excel's "Unicode Text"), else UTF-8 (checked: ``_check_utf8``; a UTF-8 byte-order
-    mark is dropped); ``delimiter`` ``;`` and ``decimal`` ``,`` for a ``.csv`` whose header has semicolons and no
-    comma (Excel where the decimal mark is a comma: a score ``3,5`` is 3.5), logged.
+    mark is dropped); ``delimiter`` ``;`` for a ``.csv`` whose header has semicolons and no comma, and ``decimal``
+    ``,`` where its data has a digit, a comma and a digit (Excel where the decimal mark is a comma: a score ``3,5`` is
+    3.5; ``pandas.to_csv(sep=";")`` writes ``3.5``), logged.
 
     Raises:
         DataError: the file is neither UTF-16 with a byte-order mark nor UTF-8 (``_check_utf8``).
@@ -171,8 +192,10 @@ def _spreadsheet_options(file: Path, options: dict, where: str) -> dict:
                         "short or damaged; save it again") from None
     options = {"delimiter": ",", **options, "encoding": "utf-16" if utf16 else "utf-8"}
     if options["delimiter"] == "," and ";" in header and "," not in header:
-        log.info("%s: the header has semicolons and no comma: read as semicolon-separated, with decimal commas", where)
-        options.update(delimiter=";", decimal=",")
+        decimal_commas = re.search(rb"\d,\d", data.decode("utf-16").encode() if utf16 else data) is not None
+        log.info("%s: the header has semicolons and no comma: read as semicolon-separated%s", where,
+                 ", with decimal commas" if decimal_commas else "")
+        options.update(delimiter=";", **({"decimal": ","} if decimal_commas else {}))
     return options
 
 
