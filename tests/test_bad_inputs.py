@@ -455,6 +455,23 @@ def test_semicolon_separated_scores_are_numbers(tmp_path, monkeypatch):
     assert record["task"]["label_names"] is None and record["splits"]["train"]["label_mean"] > 0
 
 
+def test_a_test_file_with_the_label_header_spelled_otherwise_is_refused_not_unlabeled(tmp_path, monkeypatch):
+    frames = {**_own_good(), "test": _own_good()["validation"].rename(columns={"verdict": "Verdict"})}
+    with pytest.raises(DataError, match=r"^data/own/test.csv: split 'test' lacks column\(s\) \['verdict'\]; .*'Verdict' "
+                                        "differs from 'verdict' only in case"):
+        _own(tmp_path, monkeypatch, frames)
+
+
+def test_minus_one_as_a_class_of_own_labels_is_a_label_not_the_unlabeled_marker(tmp_path, monkeypatch):
+    from datasets import load_from_disk
+
+    signs = {split: df.assign(verdict=df["verdict"].map({"no": -1, "yes": 1})) for split, df in _own_good().items()}
+    test = signs["validation"].assign(verdict=-1)  # a test file of one class: -1 throughout
+    record = _own(tmp_path, monkeypatch, {**signs, "test": test})
+    assert record["task"]["label_names"] == ("-1", "1")
+    assert load_from_disk(str(tmp_path / "data" / "raw"))["test"]["label"] == [0] * len(test)
+
+
 def test_semicolon_separated_scores_with_decimal_points_are_numbers(tmp_path, monkeypatch):
     content = _regression()["train"].to_csv(index=False, sep=";")  # pandas' own: 3.5, not 3,5
     record = _own(tmp_path, monkeypatch, {"train": ("scores.csv", content)})

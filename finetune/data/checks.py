@@ -14,7 +14,8 @@ from finetune.errors import DataError
 def checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, ...],
                   label_column: str) -> pd.DataFrame:
     """The split as a DataFrame once its columns, rows, texts and idx obey the row rules: the text columns (``str``),
-    ``label`` (None throughout when absent; only ``train`` and ``validation`` must have ``label_column``) and ``idx``
+    ``label`` (None throughout when absent; only ``train`` and ``validation`` must have ``label_column``, and a test
+    split must not have it spelled otherwise: ``Label``, ``label ``) and ``idx``
     (the data's own, else the 0-based row number, with ``df.attrs["numbered"]`` True).
 
     Raises:
@@ -23,8 +24,8 @@ def checked_frame(ds: Dataset, split: str, where: str, text_columns: tuple[str, 
             naming ``where``, the split and, for a row's fault, the row.
     """
     missing = [c for c in text_columns if c not in ds.column_names]
-    if split in ("train", "validation") and label_column not in ds.column_names:
-        missing.append(label_column)
+    if label_column not in ds.column_names and (split in ("train", "validation") or _alike(ds, label_column)):
+        missing.append(label_column)  # a test split may be unlabeled, but not by a label header spelled otherwise
     if missing:
         raise DataError(f"{where}: split {split!r} lacks column(s) {missing}; has {ds.column_names}"
                         f"{_missing_column_hint(ds, missing, text_columns, label_column)}")
@@ -42,8 +43,7 @@ def _missing_column_hint(ds: Dataset, missing: list[str], text_columns: tuple[st
     around it (a spreadsheet's header), or, for the label, classes one-hot in several columns (two or more columns
     of 0 and 1 with a single 1 in each row); '' when neither."""
     for name in missing:
-        alike = [c for c in ds.column_names if c != name and c.strip().lower() == name.strip().lower()]
-        if alike:
+        if alike := _alike(ds, name):
             return (f"; {alike[0]!r} differs from {name!r} only in case or spaces around it: rename the column, or "
                     "name it so in params.yaml")
     if label_column not in missing:
@@ -54,6 +54,11 @@ def _missing_column_hint(ds: Dataset, missing: list[str], text_columns: tuple[st
         return ""
     return (f"; the classes one-hot in columns {flags}? give each row's class name in one column {label_column!r}, "
             f"e.g. df[{label_column!r}] = df[{flags}].idxmax(axis=1)")
+
+
+def _alike(ds: Dataset, name: str) -> list[str]:
+    """The columns of ``ds`` named ``name`` but for case or the spaces around it."""
+    return [c for c in ds.column_names if c != name and c.strip().lower() == name.strip().lower()]
 
 
 def _frame(ds: Dataset, text_columns: tuple[str, ...], label_column: str) -> pd.DataFrame:

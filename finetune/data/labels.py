@@ -179,6 +179,8 @@ def encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ..
     labels = df["label"]
     missing = _missing(labels)
     marker = np.array([_label_kind(v) in ("integer", "float") and v == UNLABELED for v in labels], dtype=bool)
+    if names is not None and not ids and str(UNLABELED) in names:
+        marker[:] = False  # -1 is a class of the user's own labels
     if split.startswith("test") and (missing | marker).all():
         return None  # an unlabeled test split: predictions only
     if marker.any() and split.startswith("test") and names is not None and ids:
