@@ -457,8 +457,8 @@ def test_semicolon_separated_scores_are_numbers(tmp_path, monkeypatch):
 
 def test_a_test_file_with_the_label_header_spelled_otherwise_is_refused_not_unlabeled(tmp_path, monkeypatch):
     frames = {**_own_good(), "test": _own_good()["validation"].rename(columns={"verdict": "Verdict"})}
-    with pytest.raises(DataError, match=r"^data/own/test.csv: split 'test' lacks column\(s\) \['verdict'\]; .*'Verdict' "
-                                        "differs from 'verdict' only in case"):
+    with pytest.raises(DataError, match=r"^data/own/test.csv: split 'test' lacks column\(s\) \['verdict'\]; "
+                                        ".*'Verdict' differs from 'verdict' only in case"):
         _own(tmp_path, monkeypatch, frames)
 
 
