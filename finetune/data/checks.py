@@ -75,9 +75,17 @@ def _frame(ds: Dataset, text_columns: tuple[str, ...], label_column: str) -> pd.
 def row_name(where: str, split: str, df: pd.DataFrame, row: int) -> str:
     """Where a row is, for a ``DataError``: ``<where>: split '<split>' row idx=<idx>`` (the data's own idx), or
     ``... row <n>`` (0-based, header not counted) when ``df.attrs["numbered"]``."""
-    if df.attrs.get("numbered"):
-        return f"{where}: split {split!r} row {row}"
-    return f"{where}: split {split!r} row idx={df['idx'].iat[row]}"
+    return f"{where}: split {split!r} {row_label(df, row)}"
+
+
+def row_label(df: pd.DataFrame, row: int) -> str:
+    """A row as ``row_name`` names it, without the file and split: ``row idx=7`` or ``row 7``."""
+    return f"row {row}" if df.attrs.get("numbered") else f"row idx={df['idx'].iat[row]}"
+
+
+def blank(values: pd.Series) -> np.ndarray:
+    """Boolean array ``[examples]``: True where a value is null, NaN, empty or only whitespace."""
+    return (values.isna() | (values.astype(str).str.strip() == "")).to_numpy()
 
 
 def clean_texts(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, split: str) -> pd.DataFrame:
@@ -91,7 +99,7 @@ def clean_texts(df: pd.DataFrame, text_columns: tuple[str, ...], where: str, spl
     for column in text_columns:
         _check_plain(df, column, where, split)
         text = df[column]
-        empty = np.flatnonzero((text.isna() | (text.astype(str).str.strip() == "")).to_numpy())
+        empty = np.flatnonzero(blank(text))
         if empty.size:
             raise DataError(f"{row_name(where, split, df, empty[0])}: empty {column} (null, empty or only whitespace)")
         df[column] = text.astype(str)

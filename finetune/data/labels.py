@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from datasets import ClassLabel, Dataset, Value
 
-from finetune.data.checks import row_name
+from finetune.data.checks import blank, row_label, row_name
 from finetune.errors import DataError
 from finetune.params import DataParams
 from finetune.tasks import GLUE_TASKS
@@ -19,11 +19,6 @@ from finetune.tasks import GLUE_TASKS
 log = logging.getLogger(__name__)
 
 UNLABELED = -1  # the Hub's GLUE test splits carry label -1
-
-
-def _missing(labels: pd.Series) -> np.ndarray:
-    """Boolean array ``[examples]``: True where the label is null, NaN or an empty string."""
-    return (labels.isna() | (labels.astype(str).str.strip() == "")).to_numpy()
 
 
 def _label_kind(value) -> str:
@@ -62,7 +57,7 @@ def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str], n
     """
     kinds, first = {}, {}
     for split, df in frames.items():
-        present = np.flatnonzero(~_missing(df["label"]))
+        present = np.flatnonzero(~blank(df["label"]))
         numbers = np.array([_is_number(v) for v in df["label"].to_numpy()[present]], dtype=bool)
         rows = {"number": present[numbers], "string": present[~numbers]}
         kinds[split] = "number" if rows["number"].size else "string"
@@ -71,9 +66,9 @@ def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str], n
                 return "string"
             number, word = (df["label"].iat[rows[kind][0]] for kind in ("number", "string"))
             raise DataError(f"{row_name(where[split], split, df, rows['number'][0])}: label {_plain(number)} is a "
-                            f"number, but {_row(df, rows['string'][0])}'s label {word!r} is a word: labels mix numbers "
-                            "and words; write them all as class names or all as class ids (or list every class in "
-                            "params.yaml data.label_names)")
+                            f"number, but {row_label(df, rows['string'][0])}'s label {word!r} is a word: labels mix "
+                            "numbers and words; write them all as class names or all as class ids (or list every "
+                            "class in params.yaml data.label_names)")
         if present.size:
             first[split] = present[0]
     labeled = [split for split in frames if split in first]
@@ -88,11 +83,6 @@ def _check_label_kinds(frames: dict[str, pd.DataFrame], where: dict[str, str], n
     raise DataError(f"{row_name(where[odd], odd, frames[odd], first[odd])}: label {_plain(wrong)!r}: this split's "
                     f"labels are {words[kinds[odd]]}, but those of {where[other]} (split {other!r}) are "
                     f"{words[ahead]} (e.g. {_plain(right)!r}); write every file's labels the same way")
-
-
-def _row(df: pd.DataFrame, row: int) -> str:
-    """A row as ``row_name`` names it, without the file and split: ``row idx=7`` or ``row 7``."""
-    return f"row {row}" if df.attrs.get("numbered") else f"row idx={df['idx'].iat[row]}"
 
 
 def trim_labels(frames: dict[str, pd.DataFrame], where: dict[str, str]) -> None:
@@ -155,11 +145,11 @@ def label_names(train: Dataset, frames: dict[str, pd.DataFrame], p: DataParams,
     kind = _check_label_kinds(frames, where, p.label_names is not None)
     if p.label_names is not None:
         # numbers that are all names (label_names "1" to "5" of star ratings) are those classes; else ids into them
-        written = {str(_plain(v)) for df in frames.values() for v in df["label"][~_missing(df["label"])].tolist()
+        written = {str(_plain(v)) for df in frames.values() for v in df["label"][~blank(df["label"])].tolist()
                    if not (_label_kind(v) == "integer" and v == UNLABELED)}
         return tuple(p.label_names), kind != "string" and not written <= set(p.label_names)
     labels = frames["train"]["label"]
-    values = sorted(set(_plain(v) for v in labels[~_missing(labels)].tolist()))
+    values = sorted(set(_plain(v) for v in labels[~blank(labels)].tolist()))
     return tuple(str(v) for v in values), False
 
 
@@ -177,7 +167,7 @@ def encode_labels(df: pd.DataFrame, split: str, where: str, names: tuple[str, ..
             row.
     """
     labels = df["label"]
-    missing = _missing(labels)
+    missing = blank(labels)
     marker = np.array([_label_kind(v) in ("integer", "float") and v == UNLABELED for v in labels], dtype=bool)
     if names is not None and not ids and str(UNLABELED) in names:
         marker[:] = False  # -1 is a class of the user's own labels
