@@ -388,9 +388,14 @@ def test_a_missing_or_incomplete_model_folder_stops_start_up_with_one_line(model
     incomplete = tmp_path / "incomplete"
     shutil.copytree(model, incomplete)
     (incomplete / "model.safetensors").unlink()
+    damaged = tmp_path / "damaged"  # a tokenizer.json of another shape: the tokenizers library's bare Exception
+    shutil.copytree(model, damaged)
+    (damaged / "tokenizer.json").write_text('{"version": "1.0"}')
     cases = [(["--form", "onnx-fp32", "--exported", tmp_path / "none"],
               f"ERROR: {tmp_path / 'none'}: no such folder of exported forms; make it with dvc repro export"),
-             (["--form", "pytorch", "--model", incomplete], f"ERROR: {incomplete}: incomplete (")]
+             (["--form", "pytorch", "--model", incomplete], f"ERROR: {incomplete}: incomplete ("),
+             (["--form", "pytorch", "--model", damaged], f"ERROR: {damaged}: incomplete ({damaged}: cannot load its "
+                                                         "tokenizer: ")]
     for args, start in cases:  # in this process: the folder is checked before any server starts
         with pytest.raises(SystemExit) as exit_:
             serve_main([*map(str, args), "--port", str(free_port())])

@@ -30,17 +30,13 @@ import torch
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
-from transformers import AutoTokenizer
 
-from finetune.data.tokenization import position_limit, truncation_length
-from finetune.errors import ExportError, PipelineError
+from finetune.errors import ExportError, ParamsError, PipelineError
 from finetune.export.registry import FORMS, form_folder
 from finetune.export.speed import EXPORT_METRICS, served_form
-from finetune.inference.predictor import PYTORCH
+from finetune.inference.predictor import PYTORCH, read_model_folder
 from finetune.inference.runtimes import OpenVinoClassifier
-from finetune.modeling import check_checkpoint
 from finetune.runtime import run_stage
-from finetune.tasks import Task
 from tools.cli import port, positive_float, positive_int, seconds
 from tools.serve_api import FormAPI, PredictRequest, refusal
 from tools.serve_lifecycle import Deadline, check_port, stop_on_signals, timed_out
@@ -54,12 +50,13 @@ def serve(args: argparse.Namespace) -> None:
     truncation (``args.max_length``, else the model's); the model worker loads the model.
 
     Raises:
-        ExportError, CheckpointError: the form is unknown, not exported or can't be loaded (one line naming its
-            folder), or metrics/export.json names none when ``form`` is None.
+        ExportError: the form is unknown, not exported, its folder incomplete (``read_model_folder``) or not
+            loadable by the model worker (one line naming the folder), or metrics/export.json names none when
+            ``form`` is None.
         ParamsError: ``--max-length`` is above the model's positions.
         PipelineError: ``--batch-timeout`` not below ``--timeout``; ``--device cuda`` for a form other than
-            ``pytorch``, or torch sees no CUDA GPU;
-            ``--openvino-hint`` for a form that is not OpenVINO's; the port can't be listened on.
+            ``pytorch``, or torch sees no CUDA GPU; ``--openvino-hint`` for a form that is not OpenVINO's; the port
+            can't be listened on.
     """
     log.setLevel(args.log_level.upper())
     if args.batch_timeout >= args.timeout:
@@ -77,13 +74,13 @@ def serve(args: argparse.Namespace) -> None:
         raise PipelineError(f"--openvino-hint: for the openvino-* forms only, not {form}; drop it or choose one")
     folder = form_folder(form, args.model, args.exported)
     try:  # a missing or incomplete folder stops start-up here, in one line
-        task = Task.load(folder)
-        config = check_checkpoint(folder, need_weights=form == PYTORCH)
-        tokenizer = AutoTokenizer.from_pretrained(folder, config=config)
-    except (PipelineError, OSError, ValueError) as err:
+        task, _, _, args.max_length = read_model_folder(folder, form == PYTORCH, max_length=args.max_length,
+                                                        max_length_key="--max-length")
+    except ParamsError:
+        raise
+    except PipelineError as err:
         make = "dvc repro train (or dvc pull)" if form == PYTORCH else "dvc repro export"
         raise ExportError(f"{folder}: incomplete ({err}); make it again with {make}") from None
-    args.max_length = truncation_length(tokenizer, args.max_length, position_limit(config), key="--max-length")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     args.num_threads = args.num_threads or max(1, cpus // args.workers_per_device)
     check_port(args.host, args.port)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from finetune.data.batches import TokenRows, scoring_batches
 from finetune.data.tokenization import position_limit, truncation_length
@@ -34,6 +34,29 @@ if TYPE_CHECKING:
 
 PYTORCH = "pytorch"  # the fine-tuned model as trained (fp32): the reference form, which ``Predictor.open`` opens
 Example = tuple[str, ...]  # one row's texts, in the task's ``text_columns`` order
+
+
+def read_model_folder(folder: Path, need_weights: bool = True, task: Task | None = None,
+                      max_length: int | None = None, max_length_key: str = "max_length",
+                      ) -> tuple[Task, PretrainedConfig, PreTrainedTokenizerBase, int]:
+    """A model folder's task (its task.json, unless ``task`` is given), config (read once, ``check_checkpoint``),
+    tokenizer and truncation length (``max_length``, else the tokenizer's ``model_max_length``), without loading the
+    model: what ``Predictor.open`` and ``tools.serve``'s start-up check read.
+
+    Raises:
+        CheckpointError: the folder is missing, or lacks task.json, config.json, weights (``need_weights``) or a
+            tokenizer that loads; one line naming the folder.
+        ParamsError: ``max_length`` is above the model's positions, naming ``max_length_key``.
+    """
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: model folder not found")
+    task = task or Task.load(folder)
+    config = check_checkpoint(folder, need_weights=need_weights)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, config=config)
+    except Exception as err:  # transformers' and the tokenizers library's errors (a tokenizer.json of another shape)
+        raise CheckpointError(f"{folder}: cannot load its tokenizer: {first_line(err)}") from None
+    return task, config, tokenizer, truncation_length(tokenizer, max_length, position_limit(config), key=max_length_key)
 
 
 class Predictor:
@@ -75,16 +98,8 @@ class Predictor:
             ParamsError: ``max_length`` is above the model's positions.
         """
         folder = Path(folder)
-        if not folder.is_dir():
-            raise CheckpointError(f"{folder}: model folder not found")
-        task = task or Task.load(folder)
-        config = check_checkpoint(folder, need_weights=load is None)
+        task, config, tokenizer, max_length = read_model_folder(folder, load is None, task, max_length, max_length_key)
         set_cpu_threads(num_threads)  # torch's, which the other runtimes take too
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, config=config)
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{folder}: cannot load its tokenizer: {first_line(err)}") from None
-        max_length = truncation_length(tokenizer, max_length, position_limit(config), key=max_length_key)
         try:
             model = (load or load_finetuned)(folder, config).eval()
         except PipelineError:
