@@ -6,6 +6,7 @@ one request never fails another."""
 import logging
 import os
 import signal
+import warnings
 from pathlib import Path
 from typing import Annotated, ClassVar
 
@@ -104,8 +105,11 @@ class FormAPI(ls.LitAPI):
     def __init__(self, form: str, folder: Path, open_options: dict, pad_multiple: int, fill_rows: bool,
                  tokenizer_threads: bool, log_level: str, **batching):
         # the batched loop at every --max-batch-size: LitServe's default for 1 (its SingleLoop) skips batch and
-        # unbatch and hands predict one request instead of a list of them
-        super().__init__(loop=BatchedLoop(), **batching)
+        # unbatch and hands predict one request instead of a list of them; so its warning that batch and unbatch
+        # are defined with a max_batch_size of 1 does not apply
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The LitServer has both batch and unbatch", UserWarning)
+            super().__init__(loop=BatchedLoop(), **batching)
         self.form, self.folder, self.open_options, self.log_level = form, folder, open_options, log_level
         self.pad_multiple, self.fill_rows, self.tokenizer_threads = pad_multiple, fill_rows, tokenizer_threads
 
