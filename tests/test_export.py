@@ -191,25 +191,45 @@ def test_int8_only_keeps_no_fp32_folder_and_bf16_is_skipped_without_hardware(fin
     assert sorted(p.name for p in paths.exported.iterdir()) == ["onnx-int8"]
 
 
-def test_corrupted_fp32_export_fails_naming_the_form_and_keeps_the_old_folder(finetuned, monkeypatch):
-    params, paths = finetuned
-    (paths.exported / "old").mkdir(parents=True)
-    exported = export.export_onnx  # the fixture's: template_onnx copied
-
+def scaled_classifier(export_onnx, scale: float):
+    """``export_onnx`` (the fixture's: template_onnx copied) with the classifier's weights times ``scale`` in the
+    graph: an fp32 export whose logits are wrong."""
     def corrupted(model, tokenizer, path, opset):
-        exported(model, tokenizer, path, opset)
+        export_onnx(model, tokenizer, path, opset)
         graph = onnx.load(str(path))
         classifier = next(t for t in graph.graph.initializer if "classifier.weight" in t.name)
-        values = onnx.numpy_helper.to_array(classifier) * 1.5
+        values = onnx.numpy_helper.to_array(classifier) * scale
         classifier.CopyFrom(onnx.numpy_helper.from_array(values, classifier.name))
         onnx.save(graph, str(path))
         return path
 
-    monkeypatch.setattr(export, "export_onnx", corrupted)
+    return corrupted
+
+
+@pytest.mark.parametrize("scale", [1.5, float("nan")], ids=["wrong-logits", "nan-logits"])
+def test_corrupted_fp32_export_fails_naming_the_form_and_keeps_the_old_folder(finetuned, monkeypatch, scale):
+    params, paths = finetuned
+    if scale != scale:  # NaN: onnx-fp32 alone (int8's quantizer refuses NaN weights itself)
+        params = params.model_copy(update={"export": params.export.model_copy(update={"forms": ["onnx-fp32"]})})
+    (paths.exported / "old").mkdir(parents=True)
+    monkeypatch.setattr(export, "export_onnx", scaled_classifier(export.export_onnx, scale))
     with pytest.raises(ExportError, match=r"^onnx-fp32: validation logits differ .* export.fp32_tolerance"):
         export_forms(params, paths)
     assert [p.name for p in paths.exported.iterdir()] == ["old"]
     assert not list(paths.exported.parent.glob(".exported.*"))
+
+
+def test_fp32_parity_is_checked_on_validation_when_no_evaluated_split_has_labels(finetuned, monkeypatch):
+    params, paths = finetuned
+    tokenized = load_from_disk(str(paths.tokenized))
+    tokenized["test"] = tokenized["test"].remove_columns("labels")  # an unlabeled test split, the only one evaluated
+    tokenized.save_to_disk(str(paths.root / "unlabeled"))
+    shutil.rmtree(paths.tokenized)
+    (paths.root / "unlabeled").rename(paths.tokenized)
+    params = params.model_copy(update={"evaluate": params.evaluate.model_copy(update={"splits": ["test"]})})
+    monkeypatch.setattr(export, "export_onnx", scaled_classifier(export.export_onnx, 1.5))
+    with pytest.raises(ExportError, match=r"^onnx-fp32: validation logits differ .* export.fp32_tolerance"):
+        export_forms(params, paths)
 
 
 def test_lossy_form_beyond_the_tolerance_is_flagged(finetuned, caplog):
@@ -241,6 +261,8 @@ def test_predict_with_a_form_equals_pytorch(finetuned, tmp_path, monkeypatch):
     int8 = predict(rows, paths.finetuned, form="onnx-int8", exported_dir=paths.exported)
     agreeing = int8["prediction"] == pytorch["prediction"]
     assert agreeing.any() and list(int8.columns) == list(pytorch.columns)
+    # a runtime's session asked to run on a GPU (tools.predict where torch sees one): its batches stay on the CPU
+    assert open_form(paths.exported / "onnx-fp32", "onnx-fp32", device="cuda").device == torch.device("cpu")
 
 
 def test_bad_forms_and_missing_onnxruntime_say_what_to_do(finetuned, monkeypatch):
@@ -459,3 +481,20 @@ def test_a_registered_fp32_form_off_pytorch_fails_the_stage(finetuned, registere
     registered(Form("torch-off", make_off, load_finetuned, lossy=False, loaded_with="-"))
     with pytest.raises(ExportError, match=r"^torch-off: validation logits differ .* export.fp32_tolerance"):
         export_forms(tiny_params(export={"forms": ["torch-off"]}), paths)
+
+
+def test_served_form_is_the_export_stages_choice_or_one_line(tmp_path):
+    from finetune.export.speed import served_form
+
+    metrics = tmp_path / "export.json"
+    for content, message in [(None, "not found, so no fastest form to serve"),
+                             ("<<<<<<< HEAD\n", "not JSON (JSONDecodeError: "), ("[]", "no fastest_at_parity.batch_32"),
+                             ('{"fastest_at_parity": {"batch_32": "onnx-int4"}}',
+                              "fastest_at_parity.batch_32 names 'onnx-int4', not a form of this code")]:
+        if content is not None:
+            metrics.write_text(content)
+        with pytest.raises(ExportError) as err:
+            served_form(metrics)
+        assert str(err.value).startswith(f"{metrics}: {message}") and "\n" not in str(err.value), err.value
+    metrics.write_text('{"fastest_at_parity": {"batch_32": "onnx-int8"}}')
+    assert served_form(metrics) == "onnx-int8"

@@ -184,8 +184,11 @@ def test_a_folder_of_prepared_data_is_not_a_model(model, pairs, tmp_path, capsys
     data.mkdir()
     (data / "task.json").write_text((model / "task.json").read_text())  # like data/raw: a task.json, no model
     error = error_of([pairs, "--model", data, "--out", tmp_path / "out.csv"], capsys)
-    assert error == (f"ERROR: {data}: no config.json; --model needs a fine-tuned model folder (models/finetuned) or "
-                     "--form a form of models/exported")
+    assert error == (f"ERROR: {data}: no config.json; not a transformers checkpoint folder; --model needs a fine-tuned "
+                     "model folder (models/finetuned) or --form a form of models/exported")
+    (data / "config.json").write_text((model / "config.json").read_text())  # a config, no weights: said before reading
+    assert error_of([pairs, "--model", data, "--out", tmp_path / "out.csv"], capsys).startswith(
+        f"ERROR: {data}: no model weights (one of model.safetensors")
 
 
 @pytest.mark.parametrize("content,message", [(None, "is a folder; name a file"), ("", "the file is empty"),
@@ -225,8 +228,9 @@ def test_report_out_must_be_a_folder(tmp_path, capsys):
 def test_a_file_that_already_has_the_output_columns_is_refused(model, tmp_path, capsys):
     scored = tmp_path / "scored.csv"
     pd.DataFrame({"sentence1": ["A cat."], "sentence2": ["A dog."], "prediction": ["mine"],
-                  "probability_equivalent": [0.5]}).to_csv(scored, index=False)
+                  "probability_equivalent": [0.5], "prediction_date": ["2026-11-29"],
+                  "probability_rain": [0.1]}).to_csv(scored, index=False)
     error = error_of([scored, "--model", model, "--out", tmp_path / "out.csv"], capsys)
     assert error == (f"ERROR: {scored}: has column(s) ['prediction', 'probability_equivalent'], which predict "
-                     "writes; rename or drop them first")
+                     "writes; rename or drop them first")  # not prediction_date, probability_rain: kept as they are
     assert not (tmp_path / "out.csv").exists()

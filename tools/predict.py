@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from finetune.checkpoint_files import check_checkpoint_files
 from finetune.data.checks import clean_texts
 from finetune.data.loading import WRITE_FORMATS, check_writable, load_files, write_table
 from finetune.errors import CheckpointError, DataError
@@ -29,8 +30,6 @@ from finetune.tasks import Task
 from tools.cli import positive_int
 
 log = logging.getLogger(__name__)
-
-OUTPUT_COLUMNS = ("prediction", "probability_")  # the columns predict adds: prediction, probability_<class>
 
 
 def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length: int | None = None,
@@ -58,16 +57,19 @@ def predict(input_file: Path, model_dir: Path, batch_size: int = 64, max_length:
         raise ValueError(f"batch_size: {batch_size}, expected at least 1")
     folder = form_folder(form, model_dir, exported_dir)  # the form's own tokenizer and task.json
     task = Task.load(folder)
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder}: no config.json; --model needs a fine-tuned model folder (models/finetuned) "
-                              "or --form a form of models/exported")
+    try:  # before the file is read; light: no torch
+        check_checkpoint_files(folder, need_weights=form == PYTORCH)
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}; --model needs a fine-tuned model folder (models/finetuned) or --form a form "
+                              "of models/exported") from None
     data = load_files({"input": input_file}, origin="the input file argument")["input"]
     if len(data) == 0:
         raise DataError(f"{input_file}: no rows to predict")
     missing = [c for c in task.text_columns if c not in data.column_names]
     if missing:
         raise DataError(f"{input_file}: lacks column(s) {missing} that the model reads; has {data.column_names}")
-    taken = [c for c in data.column_names if c.startswith(OUTPUT_COLUMNS)]
+    written = {"prediction", *(() if task.is_regression else (f"probability_{name}" for name in task.label_names))}
+    taken = [c for c in data.column_names if c in written]
     if taken:
         raise DataError(f"{input_file}: has column(s) {taken}, which predict writes; rename or drop them first")
     rows = data.to_pandas()

@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 def export_forms(params: Params, paths: Paths) -> dict:
     """Make each form of ``export.forms`` into ``paths.exported`` (replaced only when all passed), score each on the
-    labeled splits of ``evaluate.splits`` against the PyTorch model, and time PyTorch and the forms at parity on the
-    validation split (else train).
+    labeled splits of ``evaluate.splits`` (validation where none is labeled) against the PyTorch model, and time
+    PyTorch and the forms at parity on the validation split (else train).
 
     Returns:
         metrics/export.json's content: per form its metrics per split with ``agreement`` and
@@ -46,7 +46,9 @@ def export_forms(params: Params, paths: Paths) -> dict:
     reference = open_form(paths.finetuned)  # fp32 on the CPU, as every form runs
     task, tokenized = reference.task, load_from_disk(str(paths.tokenized))
     main_metric, mode = task.metric_for_best(None)
-    splits = [s for s in present_splits(params.evaluate.splits, tokenized) if is_labeled(tokenized[s])]
+    # parity on the evaluated splits that have labels; on validation (labeled throughout) when none has
+    labeled = [s for s in present_splits(params.evaluate.splits, tokenized) if is_labeled(tokenized[s])]
+    splits = labeled or ["validation"]
     reference_metrics, reference_logits = score(reference, tokenized, splits, params.evaluate)
     results = {PYTORCH: {**reference_metrics, "size_mb": file_size_mb(paths.finetuned)}}
     timed = {PYTORCH: reference}
@@ -61,7 +63,7 @@ def export_forms(params: Params, paths: Paths) -> dict:
             results[form] = {**{s: {**metrics[s], **parity(logits[s], reference_logits[s], predictor)}
                                 for s in splits}, "size_mb": file_size_mb(tmp / form), **extra}
             check_parity(form, results[form], splits, reference_metrics, p, main_metric, mode)
-            if "warning" not in results[form] and (splits or not FORMS[form].lossy):  # at parity, or known to be
+            if "warning" not in results[form]:  # at parity
                 timed[form] = predictor
         rows = tokenized["validation" if "validation" in tokenized else "train"]
         for form, predictor in timed.items():

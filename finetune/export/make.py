@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from finetune.params import ExportParams
 
 from finetune.data.batches import MODEL_INPUTS
-from finetune.errors import ExportError
+from finetune.errors import ExportError, first_line
 from finetune.hardware import cpu_bf16_flags
 from finetune.inference.runtimes import ONNX_FILE
 from finetune.modeling import MeanPooledConfig
@@ -87,7 +87,7 @@ def export_onnx(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path
                               external_data=False, verbose=False)
     except Exception as err:  # torch.export's and onnxscript's many error types
         raise ExportError(f"export.forms onnx-fp32: torch.onnx.export can't export model type "
-                          f"{model.config.model_type!r}: {type(err).__name__}: {str(err).splitlines()[0][:300]}; "
+                          f"{model.config.model_type!r}: {first_line(err)}; "
                           "remove the ONNX forms from export.forms for this model") from None
     drop_stack_traces(path)
     return path
@@ -171,7 +171,8 @@ def quantize_int8(fp32_path: Path, int8_path: Path, per_channel: bool, keep_fp32
                           "finetune/export/make.py); add its names there, or set export.int8.keep_fp32: [] to make "
                           "every matmul int8")
     root = logging.getLogger()
-    level, root.level = root.level, logging.ERROR  # the quantizer logs a line per node (and advice) to the root logger
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer logs a line per node (and advice) to the root logger
     try:
         quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=per_channel,
                          nodes_to_exclude=kept_nodes, extra_options={"MatMulConstBOnly": True})

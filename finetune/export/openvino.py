@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from finetune.errors import ExportError
+from finetune.errors import ExportError, first_line
 from finetune.export.make import MakeJob, model_inputs
 from finetune.inference.runtimes import ONNX_FILE, OV_CONFIG, OV_FILE, SERVE_EXTRA
 
@@ -51,7 +51,7 @@ def save_openvino(model, folder: Path, precision: str = "f32", **record) -> Path
             model = ov.convert_model(str(model))
         except Exception as err:  # OpenVINO's many error types
             raise ExportError(f"export.forms {folder.name}: openvino.convert_model can't convert {model}: "
-                              f"{type(err).__name__}: {str(err).splitlines()[0][:300]}; remove the OpenVINO forms "
+                              f"{first_line(err)}; remove the OpenVINO forms "
                               "from export.forms for this model") from None
     ov.save_model(model, str(folder / OV_FILE), compress_to_fp16=False)
     (folder / OV_CONFIG).write_text(json.dumps({"inference_precision": precision, **record}, indent=2) + "\n")
@@ -82,8 +82,8 @@ def quantize_openvino(onnx_path: Path, folder: Path, samples: list[dict[str, np.
         quantized = nncf.quantize(ov.convert_model(str(onnx_path)), nncf.Dataset(samples),
                                   model_type=nncf.ModelType.TRANSFORMER, subset_size=len(samples))
     except Exception as err:  # NNCF's and OpenVINO's many error types
-        raise ExportError(f"export.forms openvino-int8: nncf.quantize failed: {type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:300]}; remove openvino-int8 from export.forms") from None
+        raise ExportError(f"export.forms openvino-int8: nncf.quantize failed: {first_line(err)}; remove "
+                          "openvino-int8 from export.forms") from None
     record = {"calibration_rows": len(samples), "calibration_seed": seed, "nncf": nncf.__version__}
     save_openvino(quantized, folder, "f32", **record)
     return record

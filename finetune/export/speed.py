@@ -12,7 +12,7 @@ import numpy as np
 from datasets import Dataset
 
 from finetune.data.batches import MODEL_INPUTS
-from finetune.errors import ExportError
+from finetune.errors import ExportError, first_line
 from finetune.export.registry import FORMS
 from finetune.inference.predictor import PYTORCH, Predictor
 
@@ -60,12 +60,21 @@ def served_form(metrics: Path = EXPORT_METRICS) -> str:
     requests).
 
     Raises:
-        ExportError: the file is missing or names no such form; the message says how to make it or choose one.
+        ExportError: the file is missing, not JSON, or names no form of this code; the message says how to make
+            it or choose one.
     """
     if not metrics.is_file():
         raise ExportError(f"{metrics}: not found, so no fastest form to serve; run dvc repro export, or choose one "
                           f"with --form ({', '.join([PYTORCH, *FORMS])})")
-    chosen = json.loads(metrics.read_text()).get("fastest_at_parity", {}).get("batch_32")
+    try:
+        record = json.loads(metrics.read_text())
+    except ValueError as err:  # a merge conflict's markers, an empty file
+        raise ExportError(f"{metrics}: not JSON ({first_line(err, 200)}); run dvc repro export (or git checkout "
+                          "it), or choose --form") from None
+    chosen = record.get("fastest_at_parity", {}).get("batch_32") if isinstance(record, dict) else None
     if chosen is None:
         raise ExportError(f"{metrics}: no fastest_at_parity.batch_32; run dvc repro export, or choose --form")
+    if chosen not in (PYTORCH, *FORMS):
+        raise ExportError(f"{metrics}: fastest_at_parity.batch_32 names {chosen!r}, not a form of this code "
+                          f"({', '.join([PYTORCH, *FORMS])}); run dvc repro export, or choose --form")
     return chosen

@@ -108,6 +108,8 @@ class Predictor:
             raise CheckpointError(f"{folder}: cannot load the {form} model: {first_line(err)}") from None
         if next(model.parameters(), None) is not None:
             model = accelerator.prepare(model) if accelerator is not None else model.to(device, dtype=dtype)
+        else:  # a runtime's session: its batches stay on the CPU, whatever device was asked for
+            device = "cpu"
         return cls(model, tokenizer, task, max_length, accelerator=accelerator, device=device)
 
     def encode(self, examples: Sequence[Example]) -> dict[str, list[list[int]]]:
