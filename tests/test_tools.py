@@ -147,3 +147,20 @@ def test_the_plots_grid_has_no_more_columns_than_plots():
 
     plot = '<svg xmlns="http://www.w3.org/2000/svg" width="100" height="50"></svg>'
     assert 'width="216.0" height="50.0"' in grid_svg([plot, plot], columns=5)
+
+
+def test_exp_shows_text_cells_are_values_and_multiclass_ranks_by_macro_f1():
+    from tools.summarize import typed
+
+    # dvc.api.exp_show gives every cell as text: a bool param, the pruned flag and a missing metric
+    df = typed(pd.DataFrame({"train.keep_best": ["False", "False", "True"], "train.seed": [42, 1, 42],
+                             "pruned": ["False", "True", "False"], "validation.accuracy": [0.6, 0.7, 0.8],
+                             "validation.macro_f1": [0.5, 0.6, 0.4], "wall_seconds": ["None"] * 3},
+                            index=pd.Index(["a-42", "a-1", "b-42"], name="Experiment")))
+    metrics = metric_columns(df)
+    assert main_metric(metrics) == "validation.macro_f1"
+    configurations, varying = summarize(df, metrics)
+    assert varying == ["train.keep_best"] and [c["params"] for c in configurations] == [
+        {"train.keep_best": False}, {"train.keep_best": True}]  # best mean macro F1 first: 0.55 against 0.4
+    assert configurations[0]["pruned"] == {"mean": 0.5, "std": 0.7071, "values": [0, 1]}
+    assert "wall_seconds" not in configurations[0]  # no number: left out, not NaN

@@ -251,11 +251,18 @@ def seeds(page: Path, args: list[str], rev: str | None = None) -> str:
                       *table(["configuration", "seeds", *columns, "precision and device"], rows)])
 
 
+def _yaml_value(value) -> str:
+    """A param's value as ``-S`` takes it; the JSON files written before ``tools.summarize.typed`` hold bools and
+    nulls as text."""
+    if value in (None, "None"):
+        return "null"
+    return str(value).lower() if isinstance(value, bool) or value in ("True", "False") else str(value)
+
+
 def exp_run(page: Path, args: list[str], rev: str | None = None) -> str:
     """The ``dvc exp run -S …`` of configuration ``args[1]`` of the ``tools.summarize`` JSON ``args[0]``."""
     params = data(relative(page, args[0]), rev)["configurations"][int(args[1])]["params"]
-    settings = [f"-S {k}={str(v).lower() if isinstance(v, bool) or v in ('True', 'False') else v}"
-                for k, v in params.items()]
+    settings = [f"-S {k}={_yaml_value(v)}" for k, v in params.items()]
     lines = ["dvc exp run " + " ".join(settings[:4])] + ["  " + " ".join(settings[i:i + 4])
                                                        for i in range(4, len(settings), 4)]
     return "```bash\n" + " \\\n".join(lines) + "\n```"

@@ -3,7 +3,7 @@
 Not a pipeline stage: a command to run after a sweep. Experiments are read with ``dvc.api.exp_show`` (the data of
 `dvc exp show`); those whose params differ only in ``train.seed`` form one configuration.
 
-    dvc exp run --queue -S 'train.seed=42,1,2' -S train.lr=1e-4 -S 'evaluate.splits=[validation]'
+    dvc exp run --queue -n r3 -S 'train.seed=42,1,2' -S train.lr=1e-4 -S 'evaluate.splits=[validation]'
     dvc exp run --run-all   # runs the queue and returns when it is done
     python -m tools.summarize --match 'r3-*' --out metrics/sweeps/round-3.json --md metrics/sweeps/round-3.md
 """
@@ -59,7 +59,13 @@ def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None 
         raise SystemExit(f"no finished experiment matches {patterns} in the last {num} commits (see `dvc exp show`)")
     df = pd.DataFrame(rows).drop_duplicates("Experiment").set_index("Experiment").sort_index()
     # a name both params.yaml and a metrics file hold comes as "<file>:<name>": keep the param under its name
-    return df.rename(columns=lambda c: c.removeprefix("params.yaml:"))
+    return typed(df.rename(columns=lambda c: c.removeprefix("params.yaml:")))
+
+
+def typed(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with the cells ``dvc.api.exp_show`` gives as text ``"True"``, ``"False"`` and ``"None"`` as the values
+    they stand for (a bool param, ``pruned``, a missing metric)."""
+    return df.replace({"True": True, "False": False, "None": None})
 
 
 def metric_columns(df: pd.DataFrame, with_test: bool = False) -> list[str]:
@@ -75,9 +81,10 @@ def metric_columns(df: pd.DataFrame, with_test: bool = False) -> list[str]:
 
 
 def main_metric(metrics: list[str]) -> str | None:
-    """The metric that ranks configurations: validation F1 where the task has it, else its first validation metric."""
-    return "validation.f1" if "validation.f1" in metrics else next((m for m in metrics if m.startswith("validation.")),
-                                                                   None)
+    """The metric that ranks configurations: validation F1 where the task has it (macro F1 for more classes, as
+    ``Task.metrics`` ranks), else its first validation metric."""
+    return next((m for m in ("validation.f1", "validation.macro_f1") if m in metrics),
+                next((m for m in metrics if m.startswith("validation.")), None))
 
 
 def summarize(df: pd.DataFrame, metrics: list[str] | None = None) -> tuple[list[dict], list[str]]:
@@ -103,6 +110,8 @@ def summarize(df: pd.DataFrame, metrics: list[str] | None = None) -> tuple[list[
             if metric not in group or group[metric].isna().all():
                 continue
             values = pd.to_numeric(group[metric], errors="coerce").dropna()
+            if values.empty:  # no number among them: nothing to average (JSON has no NaN)
+                continue
             entry[metric] = {"mean": round(float(values.mean()), 4),
                              "std": round(float(values.std(ddof=1)), 4) if len(values) > 1 else None,
                              "values": [_plain(v) for v in values]}
