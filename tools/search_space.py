@@ -92,6 +92,13 @@ def check_spec(key: str, spec: Any, where: str) -> None:
         raise ParamsError(f"{where}: {key}: low and high must be numbers (got {low!r}, {high!r})")
     if low >= high:
         raise ParamsError(f"{where}: {key}: empty range: low {low} is not below high {high}")
+    if not isinstance(spec.get("log", False), bool):  # YAML 1.2 reads `log: no` as the text "no"
+        raise ParamsError(f"{where}: {key}: log must be true or false (got {spec['log']!r})")
+    step = spec.get("step")
+    number = isinstance(step, (int, float)) and not isinstance(step, bool)
+    if step is not None and not (number and 0 < step <= high - low):
+        raise ParamsError(f"{where}: {key}: step must be a number above 0 and at most high - low ({high - low:g}) "
+                          f"(got {step!r})")
     if spec.get("log") and low <= 0:
         raise ParamsError(f"{where}: {key}: a log range must stay above 0 (got low {low})")
     if spec.get("log") and spec.get("step") is not None:
