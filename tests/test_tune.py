@@ -237,6 +237,26 @@ def one_trial_study() -> tuple[optuna.Study, object]:
     return study, load_space(REPO / "configs/search/rte.yaml", COMMITTED)
 
 
+def test_three_failed_trials_in_a_row_stop_the_search_and_leave_none_running(committed_reports, tmp_path,
+                                                                             monkeypatch):
+    import tools.tune
+
+    def failing(argv, **kwargs):  # git answers; every `dvc exp run` exits 1
+        if argv[:2] == ["git", "rev-parse"]:
+            return subprocess.CompletedProcess(argv, 0, stdout="0" * 40 + "\n", stderr="")
+        return subprocess.CompletedProcess(argv, 1)
+
+    monkeypatch.setattr(tools.tune.subprocess, "run", failing)
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    with pytest.raises(SystemExit, match=r"^tools.tune: 3 trials failed in a row; see .*\.tune/logs/rte-2\.log$"):
+        tune_main(["--space", "configs/search/rte.yaml", "--trials", "10", "--storage", storage, "--seeds", "42",
+                   "--pruner", "none"])
+    trials = optuna.load_study(study_name="rte", storage=storage).trials
+    assert [t.state.name for t in trials] == ["FAIL"] * 3  # none left RUNNING for another worker to retry
+    assert all(t.user_attrs["fail_reason"].endswith(f"dvc exp run exited 1 (log .tune/logs/rte-{t.number}.log)")
+               for t in trials)
+
+
 def test_a_report_is_written_whole_or_not_at_all(committed_reports, monkeypatch):
     # the folder is replaced when the report is whole: a failure half-way leaves the committed one
     study, space = one_trial_study()

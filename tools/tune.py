@@ -87,9 +87,12 @@ class Objective:
 
     def __init__(self, args: argparse.Namespace, space: SearchSpace, metric: str):
         self.args, self.space, self.metric = args, space, metric
-        self.head = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True,
-                                   text=True).stdout.strip()
-        self.failures = 0
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+        if head.returncode != 0:  # not a git repository, or no commit yet: `dvc exp` needs one
+            raise SystemExit(f"tools.tune: git rev-parse HEAD: {head.stderr.strip() or head.returncode}; the search "
+                             "runs `dvc exp run` experiments of a commit: git init and commit first")
+        self.head = head.stdout.strip()
+        self.failures, self.last_log = 0, None
 
     def __call__(self, trial: optuna.Trial) -> float:
         values = self.space.sample(trial)
@@ -135,12 +138,12 @@ class Objective:
         with open(logfile, "w") as out:
             code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
         if code != 0:
-            self.failures += 1
+            self.failures, self.last_log = self.failures + 1, logfile
             tail = "".join(logfile.read_text().splitlines(keepends=True)[-15:])
             log.error("Trial %d: %s failed (exit %d); the last lines of %s:\n%s", trial.number, name, code, logfile,
                       tail)
             if self.failures >= MAX_FAILURES_IN_A_ROW:
-                raise SystemExit(f"tools.tune: {self.failures} trials failed in a row; see {logfile}")
+                trial.study.stop()  # after this trial, which Optuna marks FAIL: not left RUNNING to be retried
             raise failed(trial, f"{name}: dvc exp run exited {code} (log {logfile})")
         result = experiment_result(self.head, name, self.metric)
         result["wall_seconds"] = round(time.perf_counter() - start, 1)
@@ -272,13 +275,16 @@ def main(argv: list[str] | None = None) -> None:
                  direction, "mean over seeds " + " ".join(map(str, args.seeds)), metric, finished(study), args.trials,
                  shown(args.storage))
         stop = optuna.study.MaxTrialsCallback(args.trials, states=FINISHED)
+        objective = Objective(args, space, metric)
         try:
-            study.optimize(Objective(args, space, metric), callbacks=[stop], timeout=args.timeout,
-                           catch=(TrialFailed,), gc_after_trial=False)
+            study.optimize(objective, callbacks=[stop], timeout=args.timeout, catch=(TrialFailed,),
+                           gc_after_trial=False)
         except KeyboardInterrupt:
             log.warning("Interrupted: the running trial is marked FAIL and not retried; the same command continues "
                         "the study")
             sys.exit(130)
+        if objective.failures >= MAX_FAILURES_IN_A_ROW:
+            raise SystemExit(f"tools.tune: {objective.failures} trials failed in a row; see {objective.last_log}")
     if not study.get_trials(deepcopy=False):
         raise SystemExit(f"tools.tune: study {args.study} has no trials in {shown(args.storage)}: nothing to report; "
                          f"{out}/ is left as it is")
