@@ -44,6 +44,28 @@ from tools.serve_lifecycle import Deadline, check_port, stop_on_signals, timed_o
 log = logging.getLogger("tools.serve")
 
 
+def check_flags(args: argparse.Namespace, form: str) -> bool:
+    """Check the flags that depend on each other or on ``form``; return whether ``form`` is an OpenVINO form.
+
+    Raises:
+        PipelineError: ``--batch-timeout`` not below ``--timeout``; ``--device cuda`` for a form other than
+            ``pytorch``, or torch sees no CUDA GPU; ``--openvino-hint`` for a form that is not OpenVINO's.
+    """
+    if args.batch_timeout >= args.timeout:
+        raise PipelineError(f"--batch-timeout {args.batch_timeout:g}: must be less than --timeout {args.timeout:g} "
+                            "(a request would time out while its batch fills)")
+    if args.device == "cuda":
+        if form != PYTORCH:
+            raise PipelineError(f"--device cuda: serves the {PYTORCH} form only (the exported forms are CPU "
+                                f"runtimes); add --form {PYTORCH}")
+        if not torch.cuda.is_available():
+            raise PipelineError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU")
+    openvino = form != PYTORCH and form in FORMS and FORMS[form].load is OpenVinoClassifier
+    if args.openvino_hint is not None and not openvino:
+        raise PipelineError(f"--openvino-hint: for the openvino-* forms only, not {form}; drop it or choose one")
+    return openvino
+
+
 def serve(args: argparse.Namespace) -> None:
     """Serve ``args.form`` (None: ``served_form``) on ``args.device`` until SIGTERM or Ctrl-C, with ``main``'s
     settings. The folder's config.json and tokenizer are read here once, to check the folder and decide the
@@ -54,24 +76,12 @@ def serve(args: argparse.Namespace) -> None:
             loadable by the model worker (one line naming the folder), or metrics/export.json names none when
             ``form`` is None.
         ParamsError: ``--max-length`` is above the model's positions.
-        PipelineError: ``--batch-timeout`` not below ``--timeout``; ``--device cuda`` for a form other than
-            ``pytorch``, or torch sees no CUDA GPU; ``--openvino-hint`` for a form that is not OpenVINO's; the port
-            can't be listened on.
+        PipelineError: a flag that does not fit the form or another flag (``check_flags``); the port can't be
+            listened on.
     """
     log.setLevel(args.log_level.upper())
-    if args.batch_timeout >= args.timeout:
-        raise PipelineError(f"--batch-timeout {args.batch_timeout:g}: must be less than --timeout {args.timeout:g} "
-                            "(a request would time out while its batch fills)")
     form = args.form or served_form()
-    if args.device == "cuda":
-        if form != PYTORCH:
-            raise PipelineError(f"--device cuda: serves the {PYTORCH} form only (the exported forms are CPU "
-                                f"runtimes); add --form {PYTORCH}")
-        if not torch.cuda.is_available():
-            raise PipelineError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU")
-    openvino = form != PYTORCH and form in FORMS and FORMS[form].load is OpenVinoClassifier
-    if args.openvino_hint is not None and not openvino:
-        raise PipelineError(f"--openvino-hint: for the openvino-* forms only, not {form}; drop it or choose one")
+    openvino = check_flags(args, form)
     folder = form_folder(form, args.model, args.exported)
     try:  # a missing or incomplete folder stops start-up here, in one line
         task, _, _, args.max_length = read_model_folder(folder, form == PYTORCH, max_length=args.max_length,
