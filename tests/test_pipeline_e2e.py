@@ -1,5 +1,5 @@
-"""End to end: the real dvc.yaml in a temp git repo, tiny params, `dvc repro`, `dvc exp run`, `dvc exp show`, the
-report.
+"""End to end: the real dvc.yaml in a temp git repo, tiny params, `dvc repro`, `dvc exp run`, `dvc exp show`. (The
+report comparing two commits: the pull-request workflow in tests/test_team.py.)
 
 Stages run as `python -m stages.<name>` exactly as for a user; the venv's bin folder goes first on PATH so
 `python` and `dvc` are this interpreter's.
@@ -8,7 +8,6 @@ Stages run as `python -m stages.<name>` exactly as for a user; the venv's bin fo
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -48,8 +47,7 @@ def lr_of(data: dict) -> float:
     return float(data["params"]["params.yaml"]["data"]["train"]["lr"])
 
 
-# The tests below run in order on one project: repro, then experiments, a second commit and the report, then
-# experiments from that commit.
+# The tests below run in order on one project: repro, then experiments from the baseline's commit.
 
 def test_repro_runs_every_stage_then_nothing(project):
     root = project
@@ -138,19 +136,6 @@ def test_a_new_form_reruns_only_export_and_an_edit_of_evaluate_plots_never_train
     assert "up to date" in run(dvc("status"), root)
 
 
-def test_export_params_rerun_the_export_stage_only(project):
-    # The tiny params make no served form; asking for them reruns export alone, and export.json is a metric.
-    root = project
-    out = run(dvc("exp", "run", "-S", "export.forms=[onnx-fp32,onnx-int8]", "--name", "served"), root)
-    assert "Running stage 'export'" in out
-    assert "Running stage 'train'" not in out and "Running stage 'evaluate'" not in out
-    export = exp_show(root)["served"]["metrics"]["metrics/export.json"]["data"]
-    assert export["onnx-fp32"]["validation"]["agreement"] == 1.0
-    assert set(export) == {"pytorch", "onnx-fp32", "onnx-int8", "fastest_at_parity"}
-    run(["git", "checkout", "--", "."], root)
-    run(dvc("checkout"), root)
-
-
 def test_dvclive_logs_one_row_per_logged_step_and_epoch(project):
     root = project
     steps = (root / "dvclive/train/steps/plots/metrics/train/loss.tsv").read_text().splitlines()
@@ -180,12 +165,14 @@ def test_plots_show_renders_every_declared_plot(project):
 
 
 def test_exp_run_shows_in_exp_show(project):
-    # (Queued experiments, run two at a time: tests/test_team.py.)
+    # (Queued experiments, run two at a time, each rerunning the export stage alone: tests/test_team.py.)
     root = project
     # Changing train params reruns train, evaluate, card and export only; several -S at once, `no` read as a string.
     # Validation every 2 of the 3 optimizer steps: at steps 2 and 3, logged by step (dvclive/train/evaluations).
+    # The tiny params make no served form; a list by -S asks for two, and export.json is a metric.
     exp = run(dvc("exp", "run", "-S", "train.lr=3e-4", "-S", "train.warmup_steps=1", "-S", "train.warmup_ratio=0",
-                  "-S", "train.mixed_precision=no", "-S", "train.eval_every_steps=2", "--name", "lr-3e-4"), root)
+                  "-S", "train.mixed_precision=no", "-S", "train.eval_every_steps=2",
+                  "-S", "export.forms=[onnx-fp32,onnx-int8]", "--name", "lr-3e-4"), root)
     assert "Running stage 'train'" in exp and "Running stage 'evaluate'" in exp and "Running stage 'card'" in exp
     assert "Running stage 'tokenize'" not in exp and "Running stage 'download'" not in exp
     f1 = (root / "dvclive/train/evaluations/plots/metrics/validation/f1.tsv").read_text().splitlines()
@@ -197,31 +184,15 @@ def test_exp_run_shows_in_exp_show(project):
     train_json = runs["lr-3e-4"]["metrics"]["metrics/train.json"]["data"]
     assert (train_json["evaluations"], train_json["best_step"] in (2, 3)) == (2, True)
     assert {1e-3, 3e-4} <= {lr_of(data) for data in runs.values()}
+    export = runs["lr-3e-4"]["metrics"]["metrics/export.json"]["data"]
+    assert set(export) == {"pytorch", "onnx-fp32", "onnx-int8", "fastest_at_parity"}
+    assert export["onnx-fp32"]["validation"]["agreement"] == 1.0
     for name, data in runs.items():
         assert set(data["metrics"]) >= {"metrics/eval.json", "metrics/train.json"}, name
         assert "f1" in data["metrics"]["metrics/eval.json"]["data"]["validation"], name
         assert list(data["params"]) == ["params.yaml"], name  # DVCLive's own params.yaml is not a second column set
     run(["git", "checkout", "--", "."], root)
     run(dvc("checkout"), root)
-
-
-def test_report_compares_two_commits(project, tmp_path):
-    # The experiment of test_exp_run_shows_in_exp_show, applied and committed: a pull request's second commit.
-    root = project
-    run(dvc("exp", "apply", "lr-3e-4"), root)
-    run(["git", "add", "-A"], root)
-    run(["git", "commit", "-qm", "lr 3e-4"], root)
-
-    run(python("-m", "tools.report", "--base", "HEAD~1", "--rev", "HEAD", "--out", str(tmp_path)), root)
-    report = (tmp_path / "report.md").read_text()
-    assert re.search(r"\| params.yaml +\| train.lr +\| 0.001 +\| 0.0003", report), report
-    assert re.search(r"\| metrics/eval.json +\| validation.loss", report) and "Change" in report
-    for plot_id in ("train_loss_by_step", "validation_confusion_matrix", "f1"):
-        image = tmp_path / "plots" / f"{plot_id}.png"
-        assert f"](plots/{plot_id}.png)" in report and image.read_bytes()[:4] == b"\x89PNG"
-
-    failed = run(python("-m", "tools.report", "--base", "no-such-rev", "--out", str(tmp_path)), root, ok=False)
-    assert "unknown Git revision 'no-such-rev'" in failed and "Traceback" not in failed
 
 
 def test_bad_param_stops_the_stage_with_one_message(project):

@@ -228,7 +228,9 @@ def test_a_pull_request_changing_a_param_reports_it_and_the_metric_deltas(team):
     report = (pr / "report" / "report.md").read_text()
     assert re.search(r"\| params.yaml \| train.lr +\| 0.001 +\| 0.0005 +\|", report)
     assert re.search(r"\| metrics/eval.json +\| validation.loss +\| [\d.]+ +\| [\d.]+ +\| -?[\d.]+ +\|", report)
-    assert (pr / "report" / "plots" / "train_loss_by_step.png").is_file()
+    for plot_id in ("train_loss_by_step", "validation_confusion_matrix", "f1"):  # f1: validation's, by epoch
+        image = pr / "report" / "plots" / f"{plot_id}.png"
+        assert f"](plots/{plot_id}.png)" in report and image.read_bytes()[:4] == b"\x89PNG", plot_id
 
 
 def test_a_pull_request_that_breaks_the_pipeline_fails_with_a_clear_message(team):

@@ -4,7 +4,7 @@ plots grid lays out every plot; a command with nothing to report, or a bad outpu
 import pandas as pd
 import pytest
 
-from tests.helpers import squeeze
+from tests.helpers import dvc, run, squeeze
 from tools.summarize import compare_to, main_metric, markdown, metric_columns, summarize
 
 
@@ -111,6 +111,18 @@ def test_report_outside_a_repository_with_a_commit_is_one_line(tmp_path, monkeyp
     with pytest.raises(ReportError, match=f"^{tmp_path}: not a git repository with a commit; tools.report compares "
                                           "revisions"):
         write_report(out_dir=tmp_path / "report")
+    assert not (tmp_path / "report").exists()
+
+
+def test_report_of_an_unknown_revision_is_one_line(tmp_path, monkeypatch):
+    from tools.report import ReportError, write_report
+
+    monkeypatch.chdir(tmp_path)
+    for cmd in (["git", "init", "-q"], dvc("init", "-q"), ["git", "commit", "-qm", "dvc init"]):
+        run(cmd, tmp_path)
+    with pytest.raises(ReportError, match="unknown Git revision 'no-such-rev'") as err:
+        write_report(base="no-such-rev", out_dir=tmp_path / "report")
+    assert "Traceback" not in str(err.value)
     assert not (tmp_path / "report").exists()
 
 
