@@ -125,6 +125,19 @@ def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path, mo
     assert not (REPO / "metrics/search/s").exists()
 
 
+def test_a_metric_the_task_does_not_have_is_refused_before_any_trial(tmp_path, monkeypatch):
+    # configs/search/rte.yaml fixes data.config: rte, whose metric is accuracy alone (and loss)
+    import tools.tune
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(tools.tune, "Objective", lambda *args: pytest.fail("a trial would run in this checkout"))
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    with pytest.raises(SystemExit, match="^tools.tune: --metric 'f1' is not a metric of task 'rte': choose one of "
+                                         "loss, accuracy$"):
+        tune_main(["--space", "configs/search/rte.yaml", "--study", "s", "--storage", storage, "--metric", "f1"])
+    assert not (tmp_path / "study.db").exists() and not (REPO / "metrics/search/s").exists()
+
+
 def test_workers_starting_together_on_a_new_database_all_connect(tmp_path, monkeypatch):
     # without the retry, most of 4 threads opening a new SQLite file at once fail with "table studies already exists"
     import tools.tune_storage

@@ -62,16 +62,21 @@ def failed(trial: optuna.Trial, reason: str) -> TrialFailed:
 
 def objective_metric(params: dict, metric: str | None) -> tuple[str, str]:
     """``(metric, direction)`` of the study: ``metric`` if given, else ``train.metric_for_best`` or the task's main
-    metric, from the GLUE config or, for own data, the prepared data's task.json (after `dvc repro download`).
+    metric; the task from the GLUE config or, for own data, the prepared data's task.json (after `dvc repro
+    download`), and the metric checked against it before any trial runs.
 
     Raises:
-        SystemExit: own data not prepared yet and no ``--metric``.
+        SystemExit: the metric is neither ``loss`` nor one of the task's metrics (a misspelt ``--metric`` would fail
+            every trial); own data not prepared yet and no ``--metric``.
     """
     data, choice = params["data"], metric or params["train"].get("metric_for_best")
-    if choice is None and data.get("files") is None and data.get("config") in GLUE_TASKS:
-        choice = glue_task(data["config"]).metrics[0]
-    if choice is None and Path("data/raw/task.json").is_file():
-        choice = Task.load("data/raw").metrics[0]
+    task = (glue_task(data["config"]) if data.get("files") is None and data.get("config") in GLUE_TASKS
+            else Task.load("data/raw") if Path("data/raw/task.json").is_file() else None)
+    if task is not None:
+        if choice is not None and choice not in ("loss", *task.metrics):
+            raise SystemExit(f"tools.tune: {'--metric' if metric else 'train.metric_for_best'} {choice!r} is not a "
+                             f"metric of task {task.name!r}: choose one of {', '.join(['loss', *task.metrics])}")
+        choice = choice or task.metrics[0]
     if choice is None:
         raise SystemExit("tools.tune: own data: run `dvc repro download` first (its task names the metric), "
                          "or pass --metric")
