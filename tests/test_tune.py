@@ -109,14 +109,20 @@ def test_a_study_continues_only_with_its_own_seeds_space_and_metric(tmp_path, mo
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     space = load_space(REPO / "configs/search/rte.yaml", COMMITTED)
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
-    assert settle_study(study, [42, 1], 42, space, "accuracy") == [42, 1]  # recorded by the first run
-    assert settle_study(study, None, 42, space, "accuracy") == [42, 1]  # a resume without --seeds: the study's
-    for seeds, other, metric, says in [([7], space, "accuracy", "began with seeds [42, 1], not [7]"),
-                                       (None, load_space(REPO / "configs/search/cola.yaml", COMMITTED), "accuracy",
-                                        "began with space"),
-                                       (None, space, "f1", "began with metric accuracy, not f1")]:
+    assert settle_study(study, [42, 1], 42, space, "accuracy", COMMITTED) == [42, 1]  # recorded by the first run
+    # a resume without --seeds: the study's; a params.yaml whose sampled or per-trial keys differ (an applied trial)
+    applied = {**COMMITTED, "train": {**COMMITTED["train"], "lr": 1e-5, "seed": 3}}
+    assert settle_study(study, None, 42, space, "accuracy", applied) == [42, 1]
+    longer = {**COMMITTED, "train": {**COMMITTED["train"], "max_grad_norm": 0.5}}
+    for seeds, other, metric, params, says in [
+            ([7], space, "accuracy", COMMITTED, "began with seeds [42, 1], not [7]"),
+            (None, load_space(REPO / "configs/search/cola.yaml", COMMITTED), "accuracy", COMMITTED, "began with space"),
+            (None, space, "f1", COMMITTED, "began with metric accuracy, not f1"),
+            (None, space, "accuracy", longer, "began on other params.yaml values outside its space: "
+                                              f"train.max_grad_norm {COMMITTED['train']['max_grad_norm']!r}, now 0.5; "
+                                              "its trials would not compare")]:
         with pytest.raises(SystemExit, match="study s " + says.replace("[", r"\[").replace("]", r"\]")):
-            settle_study(study, seeds, 42, other, metric)
+            settle_study(study, seeds, 42, other, metric, params)
     # through the command: refused before any trial or report
     monkeypatch.chdir(REPO)  # the command runs in the project root
     args = ["--space", "configs/search/rte.yaml", "--study", "s", "--storage", storage, "--seeds", "3"]

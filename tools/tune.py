@@ -21,6 +21,7 @@ with ``python -m tools.recipe metrics/search/<study>/recipe.yaml``), history.png
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -195,23 +196,43 @@ def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
 
+def trial_baseline(params: dict, space: SearchSpace) -> dict:
+    """What every trial of ``space`` inherits from ``params`` (params.yaml's sections): ``{"section.key": value}``
+    with the space's fixed values, less the keys the space samples and those each trial sets (``train.seed``,
+    ``evaluate.splits``), as JSON gives it back (a study's storage keeps it so)."""
+    sampled = {*space.space, "train.seed", "evaluate.splits"}
+    merged = with_fixed(params, space.fixed)
+    return json.loads(json.dumps({f"{section}.{key}": value for section, values in merged.items()
+                                  for key, value in values.items() if f"{section}.{key}" not in sampled}))
+
+
 def settle_study(study: optuna.Study, seeds: list[int] | None, default_seed: int, space: SearchSpace,
-                 metric: str) -> list[int]:
+                 metric: str, params: dict) -> list[int]:
     """The seeds to score with: ``seeds``, else the study's own, else ``[default_seed]``. A study keeps the seeds,
-    space and metric it began with, so that its trials stay comparable and its report's per-seed columns mean one
-    thing: the first run records them, later runs (workers, resumes, ``--report``) must match.
+    space, metric and trial baseline (``trial_baseline`` of ``params``) it began with, so that its trials stay
+    comparable and its report's per-seed columns mean one thing: the first run records them, later runs (workers,
+    resumes, ``--report``) must match.
 
     Raises:
-        SystemExit: the study began with other seeds, another space (file or ranges) or another metric; the
-            message names the study and what differs.
+        SystemExit: the study began with other seeds, another space (file or ranges), another metric or other
+            params.yaml values outside the space; the message names the study and what differs.
     """
     began = study.user_attrs
     now = {"seeds": seeds or began.get("seeds") or [default_seed], "metric": metric,
-           "space": {"file": space.source, "fixed": space.fixed, "space": space.space}}
-    for key, value in now.items():
-        if key in began and began[key] != value:
-            raise SystemExit(f"tools.tune: study {study.study_name} began with {key} {began[key]}, not {value}: "
+           "space": {"file": space.source, "fixed": space.fixed, "space": space.space},
+           "baseline": trial_baseline(params, space)}
+    for key in ("seeds", "metric", "space"):
+        if key in began and began[key] != now[key]:
+            raise SystemExit(f"tools.tune: study {study.study_name} began with {key} {began[key]}, not {now[key]}: "
                              f"continue it with the same {key}, or start another with --study")
+    if "baseline" in began and began["baseline"] != now["baseline"]:
+        keys = sorted(set(began["baseline"]) | set(now["baseline"]))
+        changed = [f"{key} {began['baseline'].get(key)!r}, now {now['baseline'].get(key)!r}" for key in keys
+                   if began["baseline"].get(key) != now["baseline"].get(key)]
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise SystemExit(f"tools.tune: study {study.study_name} began on other params.yaml values outside its space: "
+                         f"{'; '.join(changed[:3])}{more}; its trials would not compare: restore them, or start "
+                         "another with --study")
     for key, value in now.items():
         if key not in began:
             study.set_user_attr(key, value)
@@ -273,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     metric, direction = objective_metric(with_fixed(params, space.fixed), args.metric)
     study = make_study(args, direction)
     study.set_metric_names([f"validation.{metric}"])
-    args.seeds = settle_study(study, args.seeds, params["train"]["seed"], space, metric)
+    args.seeds = settle_study(study, args.seeds, params["train"]["seed"], space, metric, params)
     out = REPORTS / args.study
     if not args.report and finished(study) < args.trials:
         log.info("Study %s (%s, %s validation.%s): %d of %d trials finished; storage %s", args.study,
