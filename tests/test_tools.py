@@ -176,3 +176,19 @@ def test_exp_shows_text_cells_are_values_and_multiclass_ranks_by_macro_f1():
         {"train.keep_best": False}, {"train.keep_best": True}]  # best mean macro F1 first: 0.55 against 0.4
     assert configurations[0]["pruned"] == {"mean": 0.5, "std": 0.7071, "values": [0, 1]}
     assert "wall_seconds" not in configurations[0]  # no number: left out, not NaN
+
+
+def test_an_experiment_name_under_two_commits_is_summarised_once_from_the_newest(monkeypatch, caplog):
+    import tools.summarize
+
+    # dvc.api.exp_show's rows: each commit (newest first), then its experiments
+    shown = [{"typ": "baseline", "rev": "workspace", "Experiment": None},
+             {"typ": "baseline", "rev": "main", "Experiment": None},
+             {"typ": "branch_commit", "rev": "aaa", "Experiment": "s-1", "State": "Success", "validation.f1": 0.8},
+             {"typ": "baseline", "rev": "1f2e3d4", "Experiment": None},
+             {"typ": "branch_commit", "rev": "bbb", "Experiment": "s-1", "State": "Success", "validation.f1": 0.6},
+             {"typ": "branch_commit", "rev": "ccc", "Experiment": "s-7", "State": "Success", "validation.f1": 0.7}]
+    monkeypatch.setattr(tools.summarize.dvc.api, "exp_show", lambda **kwargs: shown)
+    df = tools.summarize.load_experiments(["s-*"])
+    assert df["validation.f1"].to_dict() == {"s-1": 0.8, "s-7": 0.7} and "baseline" not in df.columns
+    assert "s-1: also an experiment of 1f2e3d4 (older); the one of main is summarised" in caplog.text

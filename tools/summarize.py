@@ -43,7 +43,8 @@ def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None 
     """One row per finished experiment whose name matches one of ``patterns`` (fnmatch), from `dvc exp show`.
 
     ``num``: how many commits back (from HEAD, and from each of ``revs``: branches or commits whose experiments
-    count too, e.g. a branch that tracks an intermediate checkpoint) to look for experiments.
+    count too, e.g. a branch that tracks an intermediate checkpoint) to look for experiments. A name under several
+    commits (a sweep run again after a commit) counts once, from the newest commit; a warning names the others.
 
     Raises:
         SystemExit: no experiment matches, or a revision of ``revs`` is unknown.
@@ -52,12 +53,21 @@ def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None 
         shown = dvc.api.exp_show(revs=["HEAD", *revs] if revs else None, num=num)
     except RevError as err:
         raise SystemExit(f"ERROR: --rev: {err}") from None
-    rows = [r for r in shown
-            if r.get("Experiment") and r.get("State") in (None, "Success")
-            and any(fnmatch.fnmatch(r["Experiment"], p) for p in patterns)]
+    rows, baseline = [], None
+    for r in shown:  # each commit's row (typ "baseline"), then its experiments; the newest commit first
+        if r.get("typ") == "baseline":
+            baseline = r.get("rev")
+        elif (r.get("Experiment") and r.get("State") in (None, "Success")
+              and any(fnmatch.fnmatch(r["Experiment"], p) for p in patterns)):
+            rows.append({**r, "baseline": baseline})
     if not rows:
         raise SystemExit(f"no finished experiment matches {patterns} in the last {num} commits (see `dvc exp show`)")
-    df = pd.DataFrame(rows).drop_duplicates("Experiment").set_index("Experiment").sort_index()
+    df = pd.DataFrame(rows)
+    for name, older in df[df.duplicated("Experiment")].groupby("Experiment")["baseline"]:
+        newest = df.loc[df["Experiment"] == name, "baseline"].iloc[0]
+        log.warning("%s: also an experiment of %s (older); the one of %s is summarised", name,
+                    ", ".join(map(str, older)), newest)
+    df = df.drop_duplicates("Experiment").drop(columns="baseline").set_index("Experiment").sort_index()
     # a name both params.yaml and a metrics file hold comes as "<file>:<name>": keep the param under its name
     return typed(df.rename(columns=lambda c: c.removeprefix("params.yaml:")))
 
