@@ -87,6 +87,18 @@ def test_one_command_per_seed(monkeypatch):
     assert out.startswith(f"dvc exp run -n {task}-recipe -S data.config={task}")
 
 
+def test_a_searchs_recipe_is_named_apart_from_the_hand_recipe_of_its_task(monkeypatch, tmp_path):
+    # a study named after its space (rte) would otherwise run its best configuration as rte-recipe, the hand recipe's
+    monkeypatch.chdir(REPO)
+    found = tmp_path / "metrics/search/rte/recipe.yaml"
+    found.parent.mkdir(parents=True)
+    found.write_text("data:\n  config: rte\ntrain:\n  lr: 3.0e-05\n")
+    [searched] = commands(str(found), seeds=None, queue=False, name=None)
+    [by_hand] = commands("rte", seeds=None, queue=False, name=None)
+    assert (searched[:5], by_hand[:5]) == (["dvc", "exp", "run", "-n", "rte-best"], ["dvc", "exp", "run", "-n",
+                                                                                      "rte-recipe"])
+
+
 def test_a_recipe_choosing_a_dataset_over_committed_own_files_names_params_yaml(monkeypatch):
     # the conflicting key is the committed params.yaml's data.files, not the recipe's data.config
     monkeypatch.chdir(REPO)

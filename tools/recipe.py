@@ -139,7 +139,8 @@ def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) 
     for seed in seeds or [None]:
         argv = ["dvc", "exp", "run", *(["--queue"] if queue else [])]
         path = recipe_path(task)
-        run_name = name or f"{path.parent.name if path.name == 'recipe.yaml' else path.stem}-recipe"
+        # a search's metrics/search/<study>/recipe.yaml: <study>-best, apart from the hand recipe <task>-recipe
+        run_name = name or (f"{path.parent.name}-best" if path.name == "recipe.yaml" else f"{path.stem}-recipe")
         argv += ["-n", f"{run_name}-s{seed}" if seed is not None else run_name]
         for pair in pairs:
             if seed is None or not pair.startswith("train.seed="):
@@ -157,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
                         "metrics/search/<study>/recipe.yaml)")
     parser.add_argument("--seeds", type=int, nargs="+", help="one experiment per seed (default: the recipe's)")
     parser.add_argument("--queue", action="store_true", help="dvc exp run --queue (then: dvc exp run --run-all)")
-    parser.add_argument("--name", help="experiment name (default <task>-recipe, -s<seed> per seed)")
+    parser.add_argument("--name", help="experiment name (default <task>-recipe, or <study>-best for a search's "
+                        "recipe.yaml; -s<seed> per seed)")
     parser.add_argument("--run", action="store_true", help="run the commands (default: print them)")
     args = parser.parse_args(argv)
     try:
