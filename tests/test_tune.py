@@ -247,9 +247,9 @@ def test_bad_numbers_stop_before_any_trial(committed_reports, tmp_path, argv, sa
     assert not (tmp_path / ".tune/studies.db").exists()
 
 
-def one_trial_study() -> tuple[optuna.Study, object]:
-    """An in-memory study "rte" with one complete trial, and the rte search space."""
-    study = optuna.create_study(study_name="rte", direction="maximize")
+def one_trial_study(storage: str | None = None) -> tuple[optuna.Study, object]:
+    """A study "rte" (in memory, or in ``storage``) with one complete trial, and the rte search space."""
+    study = optuna.create_study(study_name="rte", direction="maximize", storage=storage)
     study.add_trial(optuna.trial.create_trial(value=0.6, params={"train.lr": 1e-4},
                                               distributions={"train.lr": optuna.distributions.FloatDistribution(
                                                   1e-5, 1e-3, log=True)}))
@@ -290,6 +290,21 @@ def test_a_report_is_written_whole_or_not_at_all(committed_reports, monkeypatch)
     assert committed_reports.read_text() == before and not list(committed_reports.parent.parent.glob(".rte.*"))
     tune_report.write_report(study, space, "accuracy", COMMITTED, committed_reports.parent)
     assert "1 trials: 1 complete" in committed_reports.read_text()
+
+
+def test_the_report_of_an_own_data_study_takes_the_metric_it_recorded(tmp_path, monkeypatch):
+    # a collector that has not prepared the own data (no data/raw/task.json) still rewrites the report
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    study, _ = one_trial_study(storage)
+    study.set_user_attr("metric", "macro_f1")
+    monkeypatch.chdir(tmp_path)
+    own = {**COMMITTED, "data": {**COMMITTED["data"], "dataset": None, "config": None, "local_copy": None,
+                                 "files": {"train": "data/own/reviews.csv"}, "text_columns": ["text"]},
+           "train": {**COMMITTED["train"], "accelerate_config": str(REPO / "configs/accelerate/default.yaml")}}
+    Path("params.yaml").write_text(yaml.safe_dump(own))
+    Path("space.yaml").write_text("space:\n  train.lr: {low: 1.0e-5, high: 1.0e-3, log: true}\n")
+    tune_main(["--space", "space.yaml", "--study", "rte", "--storage", storage, "--report"])
+    assert json.loads(Path("metrics/search/rte/trials.json").read_text())["summary"]["metric"] == "validation.macro_f1"
 
 
 def test_workers_of_one_project_write_the_report_one_at_a_time(committed_reports):

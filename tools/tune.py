@@ -169,10 +169,11 @@ def duplicate_of(trial: optuna.Trial) -> optuna.trial.FrozenTrial | None:
     return None
 
 
-def make_study(args: argparse.Namespace, direction: str) -> optuna.Study:
-    """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none).
+def make_study(args: argparse.Namespace, direction: str | None) -> optuna.Study:
+    """Create or load the study ``args.study`` in ``args.storage`` (TPE sampler, median pruner or none);
+    ``direction`` ("maximize" or "minimize") is a new study's.
 
-    With ``args.report``, load the study only.
+    With ``args.report``, load the study only (``direction`` unused).
 
     Raises:
         SystemExit: the storage cannot be opened (no server, a refused login, no driver): one line naming its URL,
@@ -291,8 +292,11 @@ def main(argv: list[str] | None = None) -> None:
         check_seeds(args.seeds, params, str(PARAMS_FILE))
     except ParamsError as err:
         raise SystemExit(f"tools.tune: {err}") from None
-    metric, direction = objective_metric(with_fixed(params, space.fixed), args.metric)
-    study = make_study(args, direction)
+    # --report reads a study: the metric it recorded stands in for its task's (own data need not be prepared here)
+    study = make_study(args, None) if args.report else None
+    recorded = study.user_attrs.get("metric") if study else None
+    metric, direction = objective_metric(with_fixed(params, space.fixed), args.metric or recorded)
+    study = study or make_study(args, direction)
     study.set_metric_names([f"validation.{metric}"])
     args.seeds = settle_study(study, args.seeds, params["train"]["seed"], space, metric, params)
     out = REPORTS / args.study
