@@ -135,12 +135,12 @@ def commands(task: str, seeds: list[int] | None, queue: bool, name: str | None) 
     pairs = set_params(load_recipe(task), committed, read_yaml(Path(PARAMS_FILE).read_text(), PARAMS_FILE),
                        source=str(recipe_path(task)))
     check_seeds(seeds, committed, COMMITTED)
+    path = recipe_path(task)
+    # a search's metrics/search/<study>/recipe.yaml: <study>-best, apart from the hand recipe <task>-recipe
+    run_name = name or (f"{path.parent.name}-best" if path.name == "recipe.yaml" else f"{path.stem}-recipe")
     runs = []
     for seed in seeds or [None]:
         argv = ["dvc", "exp", "run", *(["--queue"] if queue else [])]
-        path = recipe_path(task)
-        # a search's metrics/search/<study>/recipe.yaml: <study>-best, apart from the hand recipe <task>-recipe
-        run_name = name or (f"{path.parent.name}-best" if path.name == "recipe.yaml" else f"{path.stem}-recipe")
         argv += ["-n", f"{run_name}-s{seed}" if seed is not None else run_name]
         for pair in pairs:
             if seed is None or not pair.startswith("train.seed="):

@@ -63,11 +63,11 @@ def load_experiments(patterns: list[str], num: int = 50, revs: list[str] | None 
     if not rows:
         raise SystemExit(f"no finished experiment matches {patterns} in the last {num} commits (see `dvc exp show`)")
     df = pd.DataFrame(rows)
+    newest = df.drop_duplicates("Experiment").set_index("Experiment")
     for name, older in df[df.duplicated("Experiment")].groupby("Experiment")["baseline"]:
-        newest = df.loc[df["Experiment"] == name, "baseline"].iloc[0]
         log.warning("%s: also an experiment of %s (older); the one of %s is summarised", name,
-                    ", ".join(map(str, older)), newest)
-    df = df.drop_duplicates("Experiment").drop(columns="baseline").set_index("Experiment").sort_index()
+                    ", ".join(map(str, older)), newest.loc[name, "baseline"])
+    df = newest.drop(columns="baseline").sort_index()
     # a name both params.yaml and a metrics file hold comes as "<file>:<name>": keep the param under its name
     return typed(df.rename(columns=lambda c: c.removeprefix("params.yaml:")))
 

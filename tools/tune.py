@@ -48,6 +48,7 @@ log = logging.getLogger("tools.tune")
 TUNE_DIR = Path(".tune")  # the default storage and the trials' logs; git-ignored
 REPORTS = Path("metrics/search")
 MAX_FAILURES_IN_A_ROW = 3
+PER_SEED_KEYS = ("train.seed", "evaluate.splits")  # what each seed's `dvc exp run` sets itself
 BIN = Path(sys.executable).parent  # this environment's dvc, python and accelerate, activated or not
 
 
@@ -114,7 +115,7 @@ class Objective:
         # every key of the trial, whatever params.yaml holds: another worker's `dvc exp run` rewrites params.yaml
         # for a moment while it stashes its run (under DVC's lock), so reading it here could see that run's values
         pairs = [f"{key}={flow(value)}" for key, value in {**self.space.fixed, **values}.items()
-                 if key not in ("train.seed", "evaluate.splits")]
+                 if key not in PER_SEED_KEYS]
         scores = []
         for i, seed in enumerate(self.args.seeds):
             name = experiment_name(trial.study.study_name, trial.number, seed, self.args.seeds)
@@ -201,7 +202,7 @@ def trial_baseline(params: dict, space: SearchSpace) -> dict:
     """What every trial of ``space`` inherits from ``params`` (params.yaml's sections): ``{"section.key": value}``
     with the space's fixed values, less the keys the space samples and those each trial sets (``train.seed``,
     ``evaluate.splits``), as JSON gives it back (a study's storage keeps it so)."""
-    sampled = {*space.space, "train.seed", "evaluate.splits"}
+    sampled = {*space.space, *PER_SEED_KEYS}
     merged = with_fixed(params, space.fixed)
     return json.loads(json.dumps({f"{section}.{key}": value for section, values in merged.items()
                                   for key, value in values.items() if f"{section}.{key}" not in sampled}))
